@@ -1,0 +1,1 @@
+"""What every service stands on: settings, logs, the NATS bus, subjects, health, wire types."""
