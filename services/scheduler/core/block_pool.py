@@ -1,0 +1,142 @@
+"""All KV blocks, their ref counts and the prefix cache (hash -> block); vLLM's block_pool.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from services.common.block_hash import BlockHash
+from services.scheduler.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
+from services.scheduler.core.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored,
+                                               KVCacheEvent)
+from services.scheduler.core.request import Request
+
+
+class BlockPool:
+    """Owns every block, preallocated once.
+
+    - Block 0 is the null block: reserved, never handed out, freed or cached, so the worker
+      may use its slot as padding. `num_blocks` counts it; `num_blocks - 1` are usable.
+    - A block is either free (ref_cnt 0, in `free_block_queue`) or referenced by block tables
+      (ref_cnt = the number of tables holding it), never both.
+    - A full block may carry a hash and sit in `cached_block_hash_to_block`. It keeps the hash
+      after it is freed, so a later request can still hit it; the hash is dropped only when the
+      block is popped for reuse (eviction), or by `reset_prefix_cache`.
+    - With `enable_kv_events`, changes to the cache are queued as events; `take_events` drains.
+    """
+
+    def __init__(self, num_blocks: int, enable_caching: bool,
+                 enable_kv_events: bool = False) -> None:
+        if num_blocks < 2:
+            raise ValueError("need at least 2 blocks (block 0 is the reserved null block)")
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.enable_kv_events = enable_kv_events
+        self.blocks = [KVCacheBlock(block_id) for block_id in range(num_blocks)]
+        self.null_block = self.blocks[0]
+        self.null_block.is_null = True
+        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks[1:])
+        # NOTE: one block per hash. When two requests compute the same block before either
+        # cached it, the second copy stays unhashed and is simply freed with its request.
+        self.cached_block_hash_to_block: dict[BlockHash, KVCacheBlock] = {}
+        self.kv_event_queue: list[KVCacheEvent] = []
+
+    # ---- allocate / touch / free ------------------------------------------------------
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Pops `num_blocks` from the front of the free queue, evicting their cached hashes."""
+        blocks = self.free_block_queue.popleft_n(num_blocks)
+        evicted: list[BlockHash] = []
+        for block in blocks:
+            assert block.ref_cnt == 0
+            block.ref_cnt = 1
+            if block.block_hash is not None:
+                evicted.append(block.block_hash)
+                del self.cached_block_hash_to_block[block.block_hash]
+                block.block_hash = None
+        if evicted and self.enable_kv_events:
+            self.kv_event_queue.append(BlockRemoved(evicted))
+        return blocks
+
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """A prefix hit: one more table holds each block; a free one leaves the free queue."""
+        remove = self.free_block_queue.remove
+        for block in blocks:
+            if block.ref_cnt == 0:
+                remove(block)
+            block.ref_cnt += 1
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Drops one reference from each block; those left unreferenced join the free queue in
+        the given order (the first given is evicted first)."""
+        freed = []
+        for block in ordered_blocks:
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                freed.append(block)
+        self.free_block_queue.append_n(freed)
+
+    # ---- prefix cache -----------------------------------------------------------------
+    def cache_full_blocks(self, request: Request, blocks: Sequence[KVCacheBlock],
+                          num_cached_blocks: int, num_full_blocks: int,
+                          block_size: int) -> None:
+        """Puts blocks[num_cached_blocks:num_full_blocks] of `request` in the prefix cache,
+        keyed by the request's block hashes. Blocks already cached (prefix hits) are skipped."""
+        hashes = request.block_hashes
+        assert len(hashes) >= num_full_blocks, "block hashes lag the tokens"
+        hash_to_block = self.cached_block_hash_to_block
+        stored: list[int] = []
+        for index in range(num_cached_blocks, num_full_blocks):
+            block = blocks[index]
+            if block.block_hash is not None:
+                continue
+            block_hash = hashes[index]
+            if block_hash in hash_to_block:
+                continue
+            block.block_hash = block_hash
+            hash_to_block[block_hash] = block
+            stored.append(index)
+        if stored and self.enable_kv_events:
+            self._queue_stored_events(request, stored, block_size)
+
+    def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
+        return self.cached_block_hash_to_block.get(block_hash)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forgets every cached hash; refused (False) while any block is in use, since their
+        requests would cache into a half-cleared map."""
+        if self.get_num_free_blocks() != self.num_blocks - 1:
+            return False
+        self.cached_block_hash_to_block.clear()
+        for block in self.blocks:
+            block.block_hash = None
+        if self.enable_kv_events:
+            self.kv_event_queue.append(AllBlocksCleared())
+        return True
+
+    # ---- accounting -------------------------------------------------------------------
+    def get_num_free_blocks(self) -> int:
+        return self.free_block_queue.num_free_blocks
+
+    def get_usage(self) -> float:
+        """Fraction of usable blocks referenced by requests (0..1)."""
+        return 1.0 - self.free_block_queue.num_free_blocks / (self.num_blocks - 1)
+
+    def take_events(self) -> list[KVCacheEvent]:
+        events, self.kv_event_queue = self.kv_event_queue, []
+        return events
+
+    def _queue_stored_events(self, request: Request, indices: list[int], block_size: int) -> None:
+        # One BlockStored per contiguous run of newly cached blocks (a duplicate splits a run).
+        hashes, tokens = request.block_hashes, request.all_token_ids
+        start = 0
+        for end in range(1, len(indices) + 1):
+            if end < len(indices) and indices[end] == indices[end - 1] + 1:
+                continue
+            first, last = indices[start], indices[end - 1]
+            self.kv_event_queue.append(BlockStored(
+                block_hashes=hashes[first:last + 1],
+                parent_block_hash=hashes[first - 1] if first > 0 else None,
+                token_ids=tokens[first * block_size:(last + 1) * block_size],
+                block_size=block_size,
+                lora_id=request.lora_id,
+            ))
+            start = end

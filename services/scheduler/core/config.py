@@ -1,0 +1,42 @@
+"""Scheduler knobs, named as vLLM's SchedulerConfig / CacheConfig where the concept matches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+POLICIES = ("fcfs", "priority")
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    """Most requests in the running batch."""
+    max_num_batched_tokens: int = 512
+    """Token budget of one step, decodes and prefill chunks together."""
+    max_model_len: int = 2048
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    long_prefill_token_threshold: int = 0
+    """Most tokens one request may take in a step (0 = off)."""
+    policy: str = "fcfs"
+    """"fcfs" or "priority" (lower `priority` value runs first and is preempted last)."""
+    max_num_queued_reqs: int | None = None
+    """Admission control: most waiting requests (None = unbounded)."""
+    max_num_queued_tokens: int | None = None
+    """Admission control: most prompt tokens waiting (None = unbounded)."""
+    num_gpu_blocks: int | None = None
+    """KV blocks the worker allocated, block 0 included; set once the worker has sized its pool."""
+    hash_algo: str = "sha256"
+    hash_seed: str = "llm-mesh"
+    enable_kv_events: bool = False
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be >= 0")
+        if self.num_gpu_blocks is not None and self.num_gpu_blocks < 2:
+            raise ValueError("num_gpu_blocks must be >= 2 (block 0 is the reserved null block)")

@@ -1,0 +1,170 @@
+"""Per-request block tables over the block pool, after vLLM's kv_cache_manager.py.
+
+The scheduler asks two questions here: "how much of this request is already cached?"
+(`get_computed_blocks`) and "give it room for n more tokens" (`allocate_slots`). It gets
+`KVCacheBlocks` back and never touches the pool's internals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from services.scheduler.core.block_pool import BlockPool
+from services.scheduler.core.kv_cache_utils import KVCacheBlock
+from services.scheduler.core.kv_events import KVCacheEvent
+from services.scheduler.core.request import Request
+
+
+class KVCacheBlocks:
+    """An allocation result: opaque to the scheduler except for its block ids."""
+
+    __slots__ = ("blocks",)
+
+    def __init__(self, blocks: Sequence[KVCacheBlock]) -> None:
+        self.blocks = blocks
+
+    def get_block_ids(self) -> list[int]:
+        return [block.block_id for block in self.blocks]
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+
+@dataclass(slots=True)
+class PrefixCacheStats:
+    queries: int = 0
+    """Tokens looked up (the whole request at each admission)."""
+    hits: int = 0
+    """Tokens found cached."""
+    requests: int = 0
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, max_model_len: int,
+                 enable_caching: bool, enable_kv_events: bool = False) -> None:
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.block_pool = BlockPool(num_blocks, enable_caching, enable_kv_events)
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        # How many leading blocks of each request have been offered to the prefix cache.
+        self.num_cached_block: dict[str, int] = {}
+        self.prefix_cache_stats = PrefixCacheStats()
+        self.empty_kv_cache_blocks = KVCacheBlocks(())
+
+    @property
+    def num_usable_blocks(self) -> int:
+        return self.block_pool.num_blocks - 1
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.block_pool.get_num_free_blocks()
+
+    @property
+    def usage(self) -> float:
+        return self.block_pool.get_usage()
+
+    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
+        """The longest run of the request's leading full blocks found in the prefix cache,
+        and the tokens it covers. Nothing when caching is off or the request skips it."""
+        if not self.enable_caching or request.skip_prefix_cache:
+            return self.empty_kv_cache_blocks, 0
+        # NOTE: the last token always runs, to produce the logits of the next one; with
+        # whole-block hits that may recompute up to one block.
+        max_hit_blocks = min((request.num_tokens - 1) // self.block_size,
+                             len(request.block_hashes))
+        lookup = self.block_pool.cached_block_hash_to_block.get
+        hashes = request.block_hashes
+        computed: list[KVCacheBlock] = []
+        for index in range(max_hit_blocks):
+            block = lookup(hashes[index])
+            if block is None:
+                break
+            computed.append(block)
+        if not computed:
+            return self.empty_kv_cache_blocks, 0
+        return KVCacheBlocks(computed), len(computed) * self.block_size
+
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       new_computed_blocks: KVCacheBlocks | None = None,
+                       num_new_computed_tokens: int = 0) -> KVCacheBlocks | None:
+        """Room for `num_new_tokens` after the request's computed tokens (including the
+        prefix hits `new_computed_blocks`, on its first allocation). Returns the newly
+        allocated blocks, or None when too few blocks are free (nothing changes then).
+
+        Blocks that will be full once this step runs are cached right away, so a request
+        scheduled later in the same step (n>1 samples of one prompt) already hits them."""
+        block_size = self.block_size
+        pool = self.block_pool
+        request_id = request.request_id
+        req_blocks = self.req_to_blocks.get(request_id)
+        is_first = req_blocks is None
+        if req_blocks is None:
+            req_blocks = []
+        num_tokens_after = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
+        num_new_blocks = (num_tokens_after + block_size - 1) // block_size - len(req_blocks)
+
+        computed = new_computed_blocks.blocks if new_computed_blocks is not None else ()
+        if computed:
+            assert not req_blocks, "prefix hits apply only to a request's first allocation"
+            num_new_blocks -= len(computed)
+            # A hit block that is free leaves the free queue too: count it against it.
+            num_touched_free = sum(1 for block in computed if block.ref_cnt == 0)
+            if max(num_new_blocks, 0) + num_touched_free > pool.get_num_free_blocks():
+                return None
+            pool.touch(computed)
+            req_blocks.extend(computed)
+            self.num_cached_block[request_id] = len(computed)
+        elif num_new_blocks > pool.free_block_queue.num_free_blocks:
+            return None
+
+        result = self.empty_kv_cache_blocks
+        if num_new_blocks > 0:
+            new_blocks = pool.get_new_blocks(num_new_blocks)
+            req_blocks.extend(new_blocks)
+            result = KVCacheBlocks(new_blocks)
+        if is_first:
+            self.req_to_blocks[request_id] = req_blocks
+            self._record_prefix_cache_query(request, num_new_computed_tokens)
+
+        if self.enable_caching:
+            num_full_blocks = min(num_tokens_after // block_size, len(request.block_hashes))
+            num_cached = self.num_cached_block.get(request_id, 0)
+            if num_full_blocks > num_cached:
+                pool.cache_full_blocks(request, req_blocks, num_cached, num_full_blocks,
+                                       block_size)
+                self.num_cached_block[request_id] = num_full_blocks
+        return result
+
+    def free(self, request: Request) -> None:
+        """Releases the request's blocks tail first, so its most specific blocks (least
+        likely to be shared) are evicted before its prefix."""
+        blocks = self.req_to_blocks.pop(request.request_id, None)
+        self.num_cached_block.pop(request.request_id, None)
+        if blocks:
+            self.block_pool.free_blocks(reversed(blocks))
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        return [block.block_id for block in self.req_to_blocks.get(request_id, ())]
+
+    def reset_prefix_cache(self) -> bool:
+        return self.block_pool.reset_prefix_cache()
+
+    def take_prefix_cache_stats(self) -> PrefixCacheStats:
+        """The counts since the previous call, and starts new ones."""
+        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
+        return stats
+
+    def take_events(self) -> list[KVCacheEvent]:
+        return self.block_pool.take_events()
+
+    def _record_prefix_cache_query(self, request: Request, num_hit_tokens: int) -> None:
+        # Counted once per admission (a resume counts again, as in vLLM), not per attempt:
+        # a request that waits for blocks looks itself up again every step.
+        if self.enable_caching and not request.skip_prefix_cache:
+            stats = self.prefix_cache_stats
+            stats.requests += 1
+            stats.queries += request.num_tokens
+            stats.hits += num_hit_tokens

@@ -1,0 +1,125 @@
+"""What one step produces, after vLLM's sched/output.py: diffs for the worker, deltas for clients.
+
+The worker keeps a row per live request. A request it has no row for (first schedule, or
+resumed after preemption) arrives once as `NewRequestData`; afterwards only what changed
+travels, column-wise, in `CachedRequestData`. The service packs these into the wire's
+`StepInput` and unpacks `StepOutput` into `RunnerOutput`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from services.scheduler.core.request import Request
+
+
+class FinishReason(enum.IntEnum):
+    """Why a request ended; the service maps it onto the wire enum (values match it)."""
+
+    STOP = 1      # EOS or a stop token id
+    LENGTH = 2    # max_tokens or max_model_len
+    ABORT = 3     # client gone, stop string, deadline, admin
+    ERROR = 4     # the engine failed the request
+
+    def __str__(self) -> str:
+        return self.name.lower()
+
+
+@dataclass(slots=True)
+class NewRequestData:
+    handle: int
+    request_id: str
+    token_ids: list[int]
+    """Every token known: the prompt, then outputs so far (a request resumed after preemption
+    recomputes them all)."""
+    num_prompt_tokens: int
+    block_ids: list[int]
+    num_computed_tokens: int
+    """Tokens whose KV is already in `block_ids` (prefix-cache hits); the worker runs from here."""
+    sampling: Any
+
+
+@dataclass(slots=True)
+class CachedRequestData:
+    """Requests the worker already holds, column-wise; column i is one request."""
+
+    handles: list[int] = field(default_factory=list)
+    new_block_ids: list[list[int]] = field(default_factory=list)
+    """Blocks appended to the request's block table this step (usually none)."""
+    num_computed_tokens: list[int] = field(default_factory=list)
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.handles)
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    step: int
+    new_requests: list[NewRequestData]
+    cached: CachedRequestData
+    num_scheduled_tokens: list[int]
+    """Tokens to run per request: `new_requests` first, then `cached`, in that order."""
+    total_num_scheduled_tokens: int
+    finished_handles: list[int]
+    """Rows to drop before anything else in this step: requests finished, aborted or preempted
+    since the previous step. A handle preempted and resumed in one step is here and in
+    `new_requests`."""
+    request_ids: list[str] = field(default_factory=list)
+    """Aligned with `num_scheduled_tokens`; for logs and tests, not for the wire."""
+
+    @property
+    def scheduled_handles(self) -> list[int]:
+        return [new.handle for new in self.new_requests] + self.cached.handles
+
+    @property
+    def num_scheduled_tokens_by_id(self) -> dict[str, int]:
+        return dict(zip(self.request_ids, self.num_scheduled_tokens))
+
+    @property
+    def is_empty(self) -> bool:
+        return self.total_num_scheduled_tokens == 0
+
+
+@dataclass(slots=True)
+class RunnerOutput:
+    """The worker's answer to one step: one sampled token per request whose scheduled tokens
+    reached the end of its known tokens (a partial prefill samples nothing)."""
+
+    handles: list[int]
+    sampled_token_ids: list[int]
+
+
+@dataclass(slots=True)
+class EngineCoreOutput:
+    request_id: str
+    handle: int
+    new_token_ids: list[int]
+    finish_reason: FinishReason | None
+    stop_token_id: int | None
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    num_output_tokens: int
+    finished_request: Request | None = None
+    """Set when the request finished: its timestamps feed the latency metrics. Not for the wire."""
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    prefix_cache_queries: int
+    """Cumulative tokens looked up in the prefix cache."""
+    prefix_cache_hits: int
+    """Cumulative tokens found there."""
+    num_preemptions: int
+    """Cumulative."""
+    num_waiting_tokens: int = 0

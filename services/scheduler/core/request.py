@@ -1,0 +1,175 @@
+"""A request as the engine core sees it, after vLLM's v1/request.py.
+
+One rule drives it: `num_computed_tokens` (tokens whose KV is in the cache) catches up with
+`num_tokens` (prompt + outputs). A request samples a token in the step that makes them equal.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Collection, Sequence
+from typing import Any
+
+from services.common.block_hash import BlockHash, BlockHasher
+from services.scheduler.core.output import FinishReason
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    # Everything after PREEMPTED is a finished state.
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH_CAPPED = 4
+    FINISHED_ABORTED = 5
+    FINISHED_ERROR = 6
+
+    def is_finished(self) -> bool:
+        return self > RequestStatus.PREEMPTED
+
+    def finish_reason(self) -> FinishReason | None:
+        return _STATUS_TO_FINISH_REASON.get(self)
+
+
+_STATUS_TO_FINISH_REASON = {
+    RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
+    RequestStatus.FINISHED_LENGTH_CAPPED: FinishReason.LENGTH,
+    RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
+    RequestStatus.FINISHED_ERROR: FinishReason.ERROR,
+}
+
+
+class Request:
+    # NOTE: slots: the scheduler reads these fields for every running request every step.
+    __slots__ = (
+        "request_id", "prompt_token_ids", "num_prompt_tokens", "output_token_ids",
+        "_all_token_ids", "max_tokens", "min_tokens", "stop_token_ids", "eos_token_ids",
+        "ignore_eos", "stop_ids", "priority", "cache_salt", "lora_id", "skip_prefix_cache",
+        "sampling", "status", "num_computed_tokens", "num_cached_tokens", "num_preemptions",
+        "handle", "arrival_order", "stop_token_id", "error", "block_hasher", "block_hashes",
+        "_next_hash_at", "arrival_time", "first_scheduled_time", "first_token_time",
+        "last_token_time", "finished_time",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        *,
+        max_tokens: int,
+        min_tokens: int = 0,
+        stop_token_ids: Collection[int] = (),
+        eos_token_ids: Collection[int] = (),
+        ignore_eos: bool = False,
+        priority: int = 0,
+        arrival_time: float,
+        cache_salt: str = "",
+        lora_id: int = 0,
+        skip_prefix_cache: bool = False,
+        sampling: Any = None,
+        block_hasher: BlockHasher | None = None,
+    ) -> None:
+        # NOTE: numpy arrays (unpacked from the wire) become plain ints: faster to scan and hash.
+        prompt = (prompt_token_ids.tolist() if hasattr(prompt_token_ids, "tolist")
+                  else list(prompt_token_ids))
+        if not prompt:
+            raise ValueError(f"request {request_id}: the prompt is empty")
+        if max_tokens < 1:
+            raise ValueError(f"request {request_id}: max_tokens must be >= 1")
+        self.request_id = request_id
+        self.prompt_token_ids: list[int] = prompt
+        self.num_prompt_tokens = len(prompt)
+        self.output_token_ids: list[int] = []
+        self._all_token_ids: list[int] = list(prompt)
+        self.max_tokens = max_tokens
+        self.min_tokens = min_tokens
+        self.stop_token_ids = frozenset(stop_token_ids)
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.ignore_eos = ignore_eos
+        # Every token that ends the request once min_tokens are out: one set test per step.
+        self.stop_ids = self.stop_token_ids | (frozenset() if ignore_eos else self.eos_token_ids)
+        self.priority = priority
+        self.cache_salt = cache_salt
+        self.lora_id = lora_id
+        self.skip_prefix_cache = skip_prefix_cache
+        self.sampling = sampling
+
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0
+        """Prefix-cache hit tokens at first schedule; fixed afterwards."""
+        self.num_preemptions = 0
+        self.handle: int | None = None
+        """Unique int32 the scheduler assigns at add_request; the worker names the request by it."""
+        self.arrival_order = 0
+        """Admission sequence number: breaks ties between equal arrival times."""
+        self.stop_token_id: int | None = None
+        self.error: str | None = None
+
+        self.arrival_time = arrival_time
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.last_token_time: float | None = None
+        self.finished_time: float | None = None
+
+        self.block_hashes: list[BlockHash] = []
+        self.block_hasher: BlockHasher | None = None
+        self._next_hash_at = -1
+        if block_hasher is not None:
+            self.attach_block_hasher(block_hasher)
+
+    # ---- tokens -------------------------------------------------------------------------
+    @property
+    def num_tokens(self) -> int:
+        return len(self._all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        """Prompt then outputs. The live list: read it, never change it."""
+        return self._all_token_ids
+
+    def append_output_token_id(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self._all_token_ids.append(token_id)
+        if len(self._all_token_ids) == self._next_hash_at:
+            self._hash_new_full_blocks()
+
+    # ---- prefix-cache block hashes ------------------------------------------------------
+    def attach_block_hasher(self, block_hasher: BlockHasher) -> None:
+        """Hashes the full blocks known so far; later ones are hashed as tokens complete them."""
+        self.block_hasher = block_hasher
+        self.block_hashes = block_hasher.hash_blocks(self._all_token_ids, self.cache_salt,
+                                                     self.lora_id)
+        self._next_hash_at = (len(self.block_hashes) + 1) * block_hasher.block_size
+
+    def _hash_new_full_blocks(self) -> None:
+        # NOTE: hash just the new block; BlockHasher.extend would re-read every token.
+        hasher = self.block_hasher
+        assert hasher is not None
+        size = hasher.block_size
+        hashes = self.block_hashes
+        tokens = self._all_token_ids
+        while len(tokens) >= (len(hashes) + 1) * size:
+            index = len(hashes)
+            parent = hashes[-1] if hashes else hasher.root_hash
+            hashes.append(hasher.hash_block(
+                parent, tokens[index * size:(index + 1) * size],
+                hasher.extra_keys(index, self.cache_salt, self.lora_id)))
+        self._next_hash_at = (len(hashes) + 1) * size
+
+    # ---- status -------------------------------------------------------------------------
+    @property
+    def is_finished(self) -> bool:
+        return self.status > RequestStatus.PREEMPTED
+
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        return _STATUS_TO_FINISH_REASON.get(self.status)
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, handle={self.handle}, {self.status.name}, "
+                f"computed={self.num_computed_tokens}/{self.num_tokens})")

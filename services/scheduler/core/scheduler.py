@@ -1,0 +1,448 @@
+"""The engine core's scheduler: requests in, one batch decision per step out.
+
+Style note: this file is on the per-step hot path and is meant to stay small. Keep
+`schedule()` an orchestrator over named steps; put a new policy in its own strategy class
+(see request_queue.py), not in another branch here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Iterable
+
+from services.common.block_hash import BlockHasher
+from services.scheduler.core.config import SchedulerConfig
+from services.scheduler.core.errors import AdmissionRejected, RequestTooLong
+from services.scheduler.core.kv_cache_manager import KVCacheManager
+from services.scheduler.core.kv_events import AllBlocksCleared, KVCacheEvent
+from services.scheduler.core.output import (CachedRequestData, EngineCoreOutput, NewRequestData,
+                                            RunnerOutput, SchedulerOutput, SchedulerStats)
+from services.scheduler.core.request import Request, RequestStatus
+from services.scheduler.core.request_queue import create_request_queue
+
+_INT32_MAX = 2**31 - 1
+# NOTE: a fixed hint; the queue drains at a rate the core does not measure.
+_RETRY_AFTER_S = 1.0
+RUNNING = RequestStatus.RUNNING
+
+
+class _StepPlan:
+    """What one schedule() call decided so far. Dicts keep scheduling order and let a
+    preemption undo a request's share of this step in O(1)."""
+
+    __slots__ = ("token_budget", "new_reqs", "running_reqs", "new_block_ids", "num_preempted")
+
+    def __init__(self, token_budget: int) -> None:
+        self.token_budget = token_budget
+        self.new_reqs: dict[Request, int] = {}       # request -> tokens this step
+        self.running_reqs: dict[Request, int] = {}
+        self.new_block_ids: dict[Request, list[int]] = {}
+        self.num_preempted = 0
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, clock: Callable[[], float] = time.monotonic,
+                 num_gpu_blocks: int | None = None) -> None:
+        self.config = config
+        self.clock = clock
+        self.block_size = config.block_size
+        self.max_model_len = config.max_model_len
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.long_prefill_token_threshold = config.long_prefill_token_threshold
+        self.block_hasher = (BlockHasher(config.block_size, config.hash_algo, config.hash_seed)
+                             if config.enable_prefix_caching else None)
+
+        self.waiting = create_request_queue(config.policy)
+        self._sort_key = self.waiting.sort_key
+        # With priorities, a waiting request may take blocks from a lower-priority running one.
+        self._waiting_may_preempt = config.policy == "priority"
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self._handle_to_request: dict[int, Request] = {}
+        self._next_handle = 0
+        self._arrival_order = itertools.count()
+        self._num_waiting_tokens = 0
+        self._finished_handles: list[int] = []
+        self._step = 0
+
+        self.num_preemptions = 0
+        self._prefix_cache_queries = 0
+        self._prefix_cache_hits = 0
+        num_blocks = num_gpu_blocks if num_gpu_blocks is not None else config.num_gpu_blocks
+        if num_blocks is None:
+            raise ValueError("the number of KV blocks is not known yet (num_gpu_blocks)")
+        self.kv_cache_manager = self._make_kv_cache_manager(num_blocks)
+
+    # ==== admission ======================================================================
+    def add_request(self, request: Request) -> None:
+        """Queues a request. Raises RequestTooLong if it can never run, AdmissionRejected if
+        the waiting queue is full right now."""
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in the engine")
+        self._check_fits(request)
+        self._check_admission(request)
+        if self.block_hasher is not None and request.block_hasher is None:
+            request.attach_block_hasher(self.block_hasher)
+        request.handle = self._new_handle()
+        request.arrival_order = next(self._arrival_order)
+        request.status = RequestStatus.WAITING
+        self.requests[request.request_id] = request
+        self._handle_to_request[request.handle] = request
+        self.waiting.add_request(request)
+        self._num_waiting_tokens += request.num_tokens
+
+    def _check_fits(self, request: Request) -> None:
+        total = request.num_prompt_tokens + request.max_tokens
+        if total > self.max_model_len:
+            raise RequestTooLong(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"you requested {total} tokens ({request.num_prompt_tokens} in the messages, "
+                f"{request.max_tokens} in the completion). Please reduce the length of the "
+                f"messages or completion.")
+        num_blocks = -(-total // self.block_size)
+        if num_blocks > self.kv_cache_manager.num_usable_blocks:
+            raise RequestTooLong(
+                f"The request needs {total} tokens of KV cache ({num_blocks} blocks) but the "
+                f"engine holds {self.kv_cache_manager.num_usable_blocks * self.block_size} "
+                f"tokens. Please reduce the length of the messages or completion.")
+
+    def _check_admission(self, request: Request) -> None:
+        max_reqs = self.config.max_num_queued_reqs
+        if max_reqs is not None and len(self.waiting) >= max_reqs:
+            raise AdmissionRejected(f"the engine's waiting queue is full ({max_reqs} requests)",
+                                    _RETRY_AFTER_S)
+        max_tokens = self.config.max_num_queued_tokens
+        # NOTE: an empty queue admits any one request, so a large prompt is not refused forever.
+        if (max_tokens is not None and self._num_waiting_tokens > 0
+                and self._num_waiting_tokens + request.num_tokens > max_tokens):
+            raise AdmissionRejected(
+                f"the engine's waiting queue is full ({self._num_waiting_tokens} tokens queued, "
+                f"limit {max_tokens})", _RETRY_AFTER_S)
+
+    def _new_handle(self) -> int:
+        while True:
+            handle = self._next_handle
+            self._next_handle = handle + 1 if handle < _INT32_MAX else 0
+            if handle not in self._handle_to_request:
+                return handle
+
+    # ==== schedule =======================================================================
+    def schedule(self) -> SchedulerOutput:
+        # The one rule (as in vLLM V1): there is no prefill phase and no decode phase. Each
+        # request has num_computed_tokens (KV in the cache) and num_tokens (prompt + outputs
+        # so far); a step gives each request some of the difference, under one token budget.
+        # A decode asks for 1 token; a prefill asks for the rest of its prompt, clipped by
+        # the budget (chunked prefill) and by long_prefill_token_threshold; prefix-cache hits
+        # count as computed. Running requests go first (decodes, then unfinished prefills),
+        # then waiting ones in policy order while the budget, max_num_seqs and free blocks
+        # last. A running request that cannot get a block preempts the request that deserves
+        # it least (possibly itself): its blocks are freed and it recomputes from scratch
+        # when it resumes. A step that preempted admits nothing new.
+        plan = _StepPlan(self.max_num_batched_tokens)
+        self._schedule_running(plan)
+        if not plan.num_preempted:
+            self._schedule_waiting(plan)
+        return self._build_output(plan)
+
+    def _schedule_running(self, plan: _StepPlan) -> None:
+        # Decodes first, so one long prefill never delays the running streams' next tokens.
+        prefills: list[Request] = []
+        for request in tuple(self.running):   # a copy: preemption edits self.running
+            if request.status is not RUNNING:
+                continue                        # preempted earlier in this loop
+            num_new_tokens = request.num_tokens - request.num_computed_tokens
+            if num_new_tokens != 1:
+                prefills.append(request)
+                continue
+            if plan.token_budget == 0:
+                return
+            self._schedule_running_request(plan, request, 1)
+        threshold = self.long_prefill_token_threshold
+        for request in prefills:
+            if plan.token_budget == 0:
+                return
+            if request.status is not RUNNING:
+                continue
+            num_new_tokens = request.num_tokens - request.num_computed_tokens
+            if 0 < threshold < num_new_tokens:
+                num_new_tokens = threshold
+            num_new_tokens = min(num_new_tokens, plan.token_budget)
+            if num_new_tokens > 0:
+                self._schedule_running_request(plan, request, num_new_tokens)
+
+    def _schedule_running_request(self, plan: _StepPlan, request: Request,
+                                  num_new_tokens: int) -> None:
+        while True:
+            new_blocks = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
+            if new_blocks is not None:
+                break
+            victim = max(self.running, key=self._sort_key)
+            self._preempt(victim, plan)
+            if victim is request:
+                return
+        plan.running_reqs[request] = num_new_tokens
+        plan.token_budget -= num_new_tokens
+        if new_blocks.blocks:
+            plan.new_block_ids[request] = new_blocks.get_block_ids()
+
+    def _schedule_waiting(self, plan: _StepPlan) -> None:
+        while (self.waiting and plan.token_budget > 0
+               and len(self.running) < self.max_num_seqs):
+            if not self._schedule_waiting_request(plan, self.waiting.peek_request()):
+                return   # head of line waits for blocks; later ones do not jump it
+
+    def _schedule_waiting_request(self, plan: _StepPlan, request: Request) -> bool:
+        kv_cache_manager = self.kv_cache_manager
+        threshold = self.long_prefill_token_threshold
+        while True:
+            computed_blocks, num_computed_tokens = kv_cache_manager.get_computed_blocks(request)
+            num_new_tokens = request.num_tokens - num_computed_tokens
+            if 0 < threshold < num_new_tokens:
+                num_new_tokens = threshold
+            num_new_tokens = min(num_new_tokens, plan.token_budget)
+            if kv_cache_manager.allocate_slots(request, num_new_tokens, computed_blocks,
+                                               num_computed_tokens) is not None:
+                break
+            if not self._preempt_for_waiting(plan, request):
+                return False
+        assert self.waiting.peek_request() is request
+        self.waiting.pop_request()
+        self._num_waiting_tokens -= request.num_tokens
+        self.running.append(request)
+        if request.first_scheduled_time is None:
+            request.first_scheduled_time = self.clock()
+            request.num_cached_tokens = num_computed_tokens
+        request.status = RUNNING
+        request.num_computed_tokens = num_computed_tokens
+        plan.new_reqs[request] = num_new_tokens
+        plan.token_budget -= num_new_tokens
+        return True
+
+    def _preempt_for_waiting(self, plan: _StepPlan, request: Request) -> bool:
+        """Priority policy: a waiting request preempts the least deserving running one if
+        that one deserves strictly less; True if it did."""
+        if not self._waiting_may_preempt or not self.running:
+            return False
+        victim = max(self.running, key=self._sort_key)
+        if self._sort_key(victim) <= self._sort_key(request):
+            return False
+        self._preempt(victim, plan)
+        return True
+
+    def _preempt(self, victim: Request, plan: _StepPlan) -> None:
+        """Preemption by recompute: free the victim's blocks and queue it at the front; it is
+        sent to the worker again, with every token so far, when it resumes."""
+        worker_has_row = victim not in plan.new_reqs   # sent in an earlier step
+        for scheduled in (plan.running_reqs, plan.new_reqs):
+            if victim in scheduled:
+                plan.token_budget += scheduled.pop(victim)
+        plan.new_block_ids.pop(victim, None)
+        self.running.remove(victim)
+        self.kv_cache_manager.free(victim)
+        victim.status = RequestStatus.PREEMPTED
+        victim.num_computed_tokens = 0
+        victim.num_preemptions += 1
+        self.num_preemptions += 1
+        plan.num_preempted += 1
+        if worker_has_row:
+            self._finished_handles.append(victim.handle)
+        self.waiting.prepend_request(victim)
+        self._num_waiting_tokens += victim.num_tokens
+
+    def _build_output(self, plan: _StepPlan) -> SchedulerOutput:
+        get_block_ids = self.kv_cache_manager.get_block_ids
+        num_scheduled_tokens: list[int] = []
+        request_ids: list[str] = []
+        new_requests = []
+        for request, num_tokens in plan.new_reqs.items():
+            new_requests.append(NewRequestData(
+                request.handle, request.request_id, list(request.all_token_ids),
+                request.num_prompt_tokens, get_block_ids(request.request_id),
+                request.num_computed_tokens, request.sampling))
+            num_scheduled_tokens.append(num_tokens)
+            request_ids.append(request.request_id)
+        cached = CachedRequestData()
+        handles, new_block_ids = cached.handles, cached.new_block_ids
+        num_computed_tokens = cached.num_computed_tokens
+        plan_new_block_ids = plan.new_block_ids
+        for request, num_tokens in plan.running_reqs.items():
+            handles.append(request.handle)
+            new_block_ids.append(plan_new_block_ids.get(request) or [])
+            num_computed_tokens.append(request.num_computed_tokens)
+            num_scheduled_tokens.append(num_tokens)
+            request_ids.append(request.request_id)
+        finished_handles, self._finished_handles = self._finished_handles, []
+        step = self._step
+        self._step += 1
+        return SchedulerOutput(step, new_requests, cached, num_scheduled_tokens,
+                               self.max_num_batched_tokens - plan.token_budget,
+                               finished_handles, request_ids)
+
+    # ==== update =========================================================================
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           runner_output: RunnerOutput) -> list[EngineCoreOutput]:
+        """Advances each scheduled request by what it ran, appends sampled tokens, finishes
+        requests that hit a stop condition. One output per request that got a token."""
+        now = self.clock()
+        sampled = dict(zip(runner_output.handles, runner_output.sampled_token_ids))
+        get_request = self._handle_to_request.get
+        outputs: list[EngineCoreOutput] = []
+        num_finished = 0
+        for handle, num_tokens in zip(scheduler_output.scheduled_handles,
+                                      scheduler_output.num_scheduled_tokens):
+            request = get_request(handle)
+            if request is None or request.status is not RUNNING:
+                continue   # aborted after it was scheduled
+            request.num_computed_tokens += num_tokens
+            if request.num_computed_tokens < request.num_tokens:
+                continue   # prefill still partial: nothing sampled
+            token_id = sampled.get(handle)
+            if token_id is None:
+                request.error = "the worker returned no token for a complete request"
+                outputs.append(self._finish(request, RequestStatus.FINISHED_ERROR, now, []))
+                num_finished += 1
+                continue
+            request.append_output_token_id(token_id)
+            if request.first_token_time is None:
+                request.first_token_time = now
+            request.last_token_time = now
+            status = self._check_stop(request, token_id)
+            if status is None:
+                outputs.append(EngineCoreOutput(
+                    request.request_id, handle, [token_id], None, None,
+                    request.num_prompt_tokens, request.num_cached_tokens,
+                    len(request.output_token_ids)))
+            else:
+                outputs.append(self._finish(request, status, now, [token_id]))
+                num_finished += 1
+        if num_finished:
+            self.running = [r for r in self.running if r.status is RUNNING]
+        return outputs
+
+    def _check_stop(self, request: Request, token_id: int) -> RequestStatus | None:
+        num_output_tokens = len(request.output_token_ids)
+        if token_id in request.stop_ids and num_output_tokens >= request.min_tokens:
+            # As in vLLM, stop_token_id names an explicit stop token, not EOS.
+            if token_id in request.stop_token_ids:
+                request.stop_token_id = token_id
+            return RequestStatus.FINISHED_STOPPED
+        if (num_output_tokens >= request.max_tokens
+                or request.num_tokens >= self.max_model_len):
+            return RequestStatus.FINISHED_LENGTH_CAPPED
+        return None
+
+    def _finish(self, request: Request, status: RequestStatus, now: float,
+                new_token_ids: list[int]) -> EngineCoreOutput:
+        """Ends a request (the caller takes it out of `running` or `waiting`)."""
+        if request.status is RUNNING:
+            self._finished_handles.append(request.handle)   # the worker drops its row
+        request.status = status
+        request.finished_time = now
+        self.kv_cache_manager.free(request)
+        del self.requests[request.request_id]
+        del self._handle_to_request[request.handle]
+        return EngineCoreOutput(
+            request.request_id, request.handle, new_token_ids, status.finish_reason(),
+            request.stop_token_id, request.num_prompt_tokens, request.num_cached_tokens,
+            len(request.output_token_ids), request)
+
+    # ==== abort / failure ================================================================
+    def abort_requests(self, request_ids: Iterable[str],
+                       status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> list[Request]:
+        """Finishes the given requests now and frees their blocks; the worker drops their
+        rows at the next step. Unknown or finished ids are ignored."""
+        assert status.is_finished()
+        now = self.clock()
+        finished: list[Request] = []
+        for request_id in request_ids:
+            request = self.requests.get(request_id)
+            if request is None:
+                continue
+            if request.status is not RUNNING:
+                self._num_waiting_tokens -= request.num_tokens
+            self._finish(request, status, now, [])
+            finished.append(request)
+        if finished:
+            self.running = [r for r in self.running if r.status is RUNNING]
+            self.waiting.remove_requests(r for r in finished)
+        return finished
+
+    def fail_all(self, reason: str) -> list[Request]:
+        """Finishes every request with an error (the worker crashed or failed a step). The
+        prefix cache is dropped too: the worker's KV contents can no longer be trusted."""
+        failed = self.abort_requests(list(self.requests), RequestStatus.FINISHED_ERROR)
+        for request in failed:
+            request.error = reason
+        self.kv_cache_manager.reset_prefix_cache()
+        return failed
+
+    def set_num_blocks(self, num_blocks: int) -> list[Request]:
+        """A (re)started worker sized its KV pool. Only while no request holds blocks;
+        waiting requests that no longer fit fail with an error and are returned."""
+        if self.running:
+            raise RuntimeError("cannot resize the KV pool while requests are running")
+        old = self.kv_cache_manager
+        self._collect_prefix_cache_stats()
+        self.kv_cache_manager = self._make_kv_cache_manager(num_blocks)
+        # Subscribers must forget the old pool's blocks.
+        self.kv_cache_manager.block_pool.kv_event_queue = old.take_events()
+        if self.config.enable_kv_events:
+            self.kv_cache_manager.block_pool.kv_event_queue.append(AllBlocksCleared())
+        too_long = []
+        for request in list(self.waiting):
+            try:
+                self._check_fits(request)
+            except RequestTooLong as exc:
+                request.error = str(exc)
+                too_long.append(request.request_id)
+        return self.abort_requests(too_long, RequestStatus.FINISHED_ERROR)
+
+    def _make_kv_cache_manager(self, num_blocks: int) -> KVCacheManager:
+        return KVCacheManager(num_blocks, self.block_size, self.max_model_len,
+                              self.config.enable_prefix_caching, self.config.enable_kv_events)
+
+    # ==== queries ========================================================================
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def has_finished_requests(self) -> bool:
+        """Rows the worker still holds for ended requests: worth a step even with no work."""
+        return bool(self._finished_handles)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_waiting_tokens(self) -> int:
+        return self._num_waiting_tokens
+
+    def get_request(self, request_id: str) -> Request | None:
+        return self.requests.get(request_id)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.kv_cache_manager.reset_prefix_cache()
+
+    def take_kv_events(self) -> list[KVCacheEvent]:
+        return self.kv_cache_manager.take_events()
+
+    def make_stats(self) -> SchedulerStats:
+        self._collect_prefix_cache_stats()
+        return SchedulerStats(
+            num_running=len(self.running), num_waiting=len(self.waiting),
+            kv_cache_usage=self.kv_cache_manager.usage,
+            prefix_cache_queries=self._prefix_cache_queries,
+            prefix_cache_hits=self._prefix_cache_hits,
+            num_preemptions=self.num_preemptions,
+            num_waiting_tokens=self._num_waiting_tokens)
+
+    def _collect_prefix_cache_stats(self) -> None:
+        prefix = self.kv_cache_manager.take_prefix_cache_stats()
+        self._prefix_cache_queries += prefix.queries
+        self._prefix_cache_hits += prefix.hits

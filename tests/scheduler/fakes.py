@@ -1,0 +1,183 @@
+"""Test doubles for the engine core: a fake worker with a paged 'KV cache' of token ids, a
+manual clock, reference generation, and block-pool invariant checks."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from services.scheduler.core import (EngineCoreOutput, Request, RunnerOutput, Scheduler,
+                                     SchedulerConfig, SchedulerOutput)
+from services.scheduler.core.kv_cache_manager import KVCacheManager
+
+NextToken = Callable[[Sequence[int]], int]
+
+
+def next_token(context: Sequence[int]) -> int:
+    """A deterministic 'greedy model': the next token depends on the whole context."""
+    return (sum(context[-5:]) * 31 + len(context) * 7) % 50 + 10
+
+
+def reference_output(prompt: Sequence[int], max_tokens: int,
+                     model: NextToken = next_token) -> list[int]:
+    tokens = list(prompt)
+    for _ in range(max_tokens):
+        tokens.append(model(tokens))
+    return tokens[len(prompt):]
+
+
+class ManualClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float = 0.01) -> None:
+        self.now += seconds
+
+
+@dataclass
+class _Row:
+    token_ids: list[int]
+    block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass
+class FakeWorker:
+    """Plays the worker's side of the per-step diff protocol. Its KV cache stores the token at
+    each slot; it samples by reading the whole context back through the block table, so a
+    wrong block table, a wrong prefix hit or a lost diff changes the output (or asserts)."""
+
+    num_blocks: int
+    block_size: int
+    model: NextToken = next_token
+    rows: dict[int, _Row] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.kv: list[list[int | None]] = [[None] * self.block_size
+                                           for _ in range(self.num_blocks)]
+
+    def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        for handle in out.finished_handles:
+            self.rows.pop(handle, None)
+        for new in out.new_requests:
+            assert new.handle not in self.rows, f"handle {new.handle} already has a row"
+            assert 0 not in new.block_ids, "the null block was handed out"
+            self.rows[new.handle] = _Row(list(new.token_ids), list(new.block_ids),
+                                         new.num_computed_tokens)
+        cached = out.cached
+        for i, handle in enumerate(cached.handles):
+            row = self.rows[handle]
+            assert row.num_computed_tokens == cached.num_computed_tokens[i]
+            assert 0 not in cached.new_block_ids[i]
+            row.block_ids.extend(cached.new_block_ids[i])
+        scheduled = list(zip(out.scheduled_handles, out.num_scheduled_tokens))
+        # Write every scheduled token's KV first, then attend (as each layer does).
+        for handle, num_tokens in scheduled:
+            row = self.rows[handle]
+            start = row.num_computed_tokens
+            assert start + num_tokens <= len(row.token_ids), "scheduled past the known tokens"
+            for pos in range(start, start + num_tokens):
+                self.kv[row.block_ids[pos // self.block_size]][pos % self.block_size] = \
+                    row.token_ids[pos]
+            row.num_computed_tokens += num_tokens
+        handles, sampled = [], []
+        for handle, _ in scheduled:
+            row = self.rows[handle]
+            if row.num_computed_tokens < len(row.token_ids):
+                continue
+            context = [self.kv[row.block_ids[p // self.block_size]][p % self.block_size]
+                       for p in range(row.num_computed_tokens)]
+            assert context == row.token_ids, f"KV of handle {handle} does not match its tokens"
+            token = self.model(context)
+            row.token_ids.append(token)
+            handles.append(handle)
+            sampled.append(token)
+        return RunnerOutput(handles, sampled)
+
+
+@dataclass
+class Run:
+    outputs: dict[str, list[int]] = field(default_factory=dict)
+    finished: dict[str, EngineCoreOutput] = field(default_factory=dict)
+    steps: list[SchedulerOutput] = field(default_factory=list)
+
+
+def make_scheduler(num_blocks: int = 64, clock: ManualClock | None = None,
+                   **config) -> tuple[Scheduler, FakeWorker]:
+    config.setdefault("block_size", 4)
+    config.setdefault("max_model_len", 256)
+    scheduler = Scheduler(SchedulerConfig(num_gpu_blocks=num_blocks, **config),
+                          clock=clock or ManualClock())
+    return scheduler, FakeWorker(num_blocks, config["block_size"])
+
+
+def make_request(request_id: str, prompt: Sequence[int], max_tokens: int = 8,
+                 arrival_time: float = 0.0, **kwargs) -> Request:
+    return Request(request_id, list(prompt), max_tokens=max_tokens, arrival_time=arrival_time,
+                   **kwargs)
+
+
+def step(scheduler: Scheduler, worker: FakeWorker, run: Run) -> SchedulerOutput:
+    """One engine step with the checks every step must pass."""
+    out = scheduler.schedule()
+    config = scheduler.config
+    assert sum(out.num_scheduled_tokens) == out.total_num_scheduled_tokens
+    assert out.total_num_scheduled_tokens <= config.max_num_batched_tokens
+    assert all(n > 0 for n in out.num_scheduled_tokens)
+    assert len(out.num_scheduled_tokens) <= config.max_num_seqs
+    assert len(set(out.scheduled_handles)) == len(out.scheduled_handles)
+    run.steps.append(out)
+    for result in scheduler.update_from_output(out, worker.execute(out)):
+        run.outputs.setdefault(result.request_id, []).extend(result.new_token_ids)
+        if result.finish_reason is not None:
+            run.finished[result.request_id] = result
+    check_kv_cache_manager(scheduler.kv_cache_manager)
+    return out
+
+
+def run_until_done(scheduler: Scheduler, worker: FakeWorker, run: Run | None = None,
+                   max_steps: int = 5000) -> Run:
+    run = run or Run()
+    for _ in range(max_steps):
+        if not scheduler.has_unfinished_requests():
+            break
+        step(scheduler, worker, run)
+    assert not scheduler.has_unfinished_requests(), "requests did not finish"
+    manager = scheduler.kv_cache_manager
+    assert manager.num_free_blocks == manager.num_usable_blocks, "blocks leaked"
+    return run
+
+
+def check_kv_cache_manager(manager: KVCacheManager) -> None:
+    """The pool's invariants: every block is free xor referenced; ref counts equal block-table
+    references; the free queue is a consistent list; the hash map and the blocks agree."""
+    pool = manager.block_pool
+    null = pool.null_block
+    assert null.block_id == 0 and null.ref_cnt == 0 and null.block_hash is None
+    assert null.prev_free_block is None and null.next_free_block is None
+    references = Counter(block.block_id for table in manager.req_to_blocks.values()
+                         for block in table)
+    assert 0 not in references
+    free = pool.free_block_queue.get_all_free_blocks()
+    assert len(free) == pool.free_block_queue.num_free_blocks
+    free_ids = {block.block_id for block in free}
+    assert len(free_ids) == len(free)
+    previous = pool.free_block_queue._head
+    for block in free:
+        assert block.prev_free_block is previous
+        previous = block
+    for block in pool.blocks[1:]:
+        assert block.ref_cnt == references.get(block.block_id, 0), block
+        assert (block.ref_cnt == 0) == (block.block_id in free_ids), block
+        if block.block_id not in free_ids:
+            assert block.prev_free_block is None and block.next_free_block is None
+        if block.block_hash is not None:
+            assert pool.cached_block_hash_to_block[block.block_hash] is block
+    for block_hash, block in pool.cached_block_hash_to_block.items():
+        assert block.block_hash == block_hash
+    for table in manager.req_to_blocks.values():
+        assert len({block.block_id for block in table}) == len(table)

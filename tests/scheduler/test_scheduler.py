@@ -1,0 +1,436 @@
+"""Deterministic scheduler simulations against a fake worker (no model, no NATS)."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.scheduler.core import (AdmissionRejected, FinishReason, RequestStatus,
+                                     RequestTooLong, RunnerOutput)
+from tests.scheduler.fakes import (FakeWorker, ManualClock, Run, make_request, make_scheduler,
+                                   reference_output, run_until_done, step)
+
+
+def prompt(length: int, seed: int = 0) -> list[int]:
+    return [(seed * 7 + i * 3) % 50 + 10 for i in range(length)]
+
+
+def assert_matches_reference(run: Run, requests: dict[str, tuple[list[int], int]]) -> None:
+    for request_id, (tokens, max_tokens) in requests.items():
+        assert run.outputs[request_id] == reference_output(tokens, max_tokens), request_id
+
+
+# ---- the token budget, chunking, ordering ----------------------------------------------
+
+@pytest.mark.parametrize("enable_prefix_caching", [True, False])
+def test_outputs_match_a_plain_greedy_run_under_a_small_budget(
+        enable_prefix_caching: bool) -> None:
+    scheduler, worker = make_scheduler(max_num_batched_tokens=16, max_num_seqs=4,
+                                       enable_prefix_caching=enable_prefix_caching)
+    requests = {f"r{i}": (prompt(3 + 5 * i, seed=i % 3), 1 + i) for i in range(8)}
+    for request_id, (tokens, max_tokens) in requests.items():
+        scheduler.add_request(make_request(request_id, tokens, max_tokens))
+    run = run_until_done(scheduler, worker)   # `step` checks the budget every step
+    assert_matches_reference(run, requests)
+    assert all(out.finish_reason is FinishReason.LENGTH for out in run.finished.values())
+    assert max(out.total_num_scheduled_tokens for out in run.steps) == 16
+
+
+def test_decodes_are_scheduled_before_unfinished_prefills() -> None:
+    scheduler, worker = make_scheduler(max_num_batched_tokens=20, long_prefill_token_threshold=10)
+    scheduler.add_request(make_request("long", prompt(100), max_tokens=3))
+    scheduler.add_request(make_request("short", prompt(10, seed=1), max_tokens=3))
+    run = Run()
+    assert step(scheduler, worker, run).num_scheduled_tokens_by_id == {"long": 10, "short": 10}
+    scheduler.long_prefill_token_threshold = 0   # now the prefill alone could fill the step
+    out = step(scheduler, worker, run)
+    assert out.num_scheduled_tokens_by_id == {"short": 1, "long": 19}
+    assert out.request_ids == ["short", "long"]
+    run_until_done(scheduler, worker, run)
+    assert_matches_reference(run, {"long": (prompt(100), 3), "short": (prompt(10, 1), 3)})
+
+
+def test_a_prefill_larger_than_the_budget_is_chunked() -> None:
+    scheduler, worker = make_scheduler(max_num_batched_tokens=32)
+    scheduler.add_request(make_request("r", prompt(100), max_tokens=3))
+    run = Run()
+    outs = [step(scheduler, worker, run) for _ in range(4)]
+    assert [out.num_scheduled_tokens for out in outs] == [[32], [32], [32], [4]]
+    assert len(outs[0].new_requests) == 1 and outs[0].new_requests[0].num_computed_tokens == 0
+    assert [out.cached.num_computed_tokens for out in outs[1:]] == [[32], [64], [96]]
+    assert run.outputs == {"r": reference_output(prompt(100), 1)}   # sampled after the last chunk
+    assert step(scheduler, worker, run).num_scheduled_tokens == [1]
+    run_until_done(scheduler, worker, run)
+    assert_matches_reference(run, {"r": (prompt(100), 3)})
+
+
+def test_long_prefill_threshold_caps_each_request_per_step() -> None:
+    scheduler, worker = make_scheduler(max_num_batched_tokens=64, long_prefill_token_threshold=16)
+    scheduler.add_request(make_request("a", prompt(40), max_tokens=2))
+    scheduler.add_request(make_request("b", prompt(40, seed=1), max_tokens=2))
+    run = Run()
+    shares = [step(scheduler, worker, run).num_scheduled_tokens_by_id for _ in range(3)]
+    assert shares == [{"a": 16, "b": 16}, {"a": 16, "b": 16}, {"a": 8, "b": 8}]
+
+
+def test_max_num_seqs_bounds_the_batch() -> None:
+    scheduler, worker = make_scheduler(max_num_seqs=2)
+    for i in range(5):
+        scheduler.add_request(make_request(f"r{i}", prompt(5, seed=i), max_tokens=3))
+    run = run_until_done(scheduler, worker)
+    assert max(len(out.num_scheduled_tokens) for out in run.steps) == 2
+    assert len(run.finished) == 5
+
+
+# ---- preemption ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("enable_prefix_caching", [True, False])
+def test_preempted_requests_resume_with_identical_output(enable_prefix_caching: bool) -> None:
+    # 20 usable blocks of 4 tokens; each request grows to 40 tokens (10 blocks).
+    scheduler, worker = make_scheduler(num_blocks=21, max_num_batched_tokens=24,
+                                       enable_prefix_caching=enable_prefix_caching)
+    requests = {f"r{i}": (prompt(10, seed=i), 30) for i in range(4)}
+    for request_id, (tokens, max_tokens) in requests.items():
+        scheduler.add_request(make_request(request_id, tokens, max_tokens))
+    run = run_until_done(scheduler, worker)
+    assert_matches_reference(run, requests)
+    assert scheduler.num_preemptions > 0
+    assert scheduler.make_stats().num_preemptions == scheduler.num_preemptions
+    resumed = [new for out in run.steps for new in out.new_requests
+               if len(new.token_ids) > new.num_prompt_tokens]
+    assert resumed, "a preempted request is re-sent with its outputs so far"
+    assert all(new.num_prompt_tokens == 10 for new in resumed)
+    dropped = {h for out in run.steps for h in out.finished_handles}
+    assert {new.handle for new in resumed} <= dropped
+
+
+def _three_requests_filling_the_pool(policy: str, priorities: tuple[int, int, int]):
+    # 6 usable blocks of 4; three 7-token prompts take 2 blocks each; the third decode step
+    # needs a new block per request.
+    scheduler, worker = make_scheduler(num_blocks=7, policy=policy)
+    requests = {}
+    for i, name in enumerate("abc"):
+        request = make_request(name, prompt(7, seed=i), max_tokens=5, arrival_time=float(i),
+                               priority=priorities[i])
+        scheduler.add_request(request)
+        requests[name] = request
+    return scheduler, worker, requests
+
+
+def test_fcfs_preempts_the_latest_arrival() -> None:
+    scheduler, worker, requests = _three_requests_filling_the_pool("fcfs", (0, 0, 0))
+    run = Run()
+    outs = [step(scheduler, worker, run) for _ in range(3)]
+    assert [out.finished_handles for out in outs] == [[], [], [requests["c"].handle]]
+    assert requests["c"].status is RequestStatus.PREEMPTED
+    assert requests["c"].num_computed_tokens == 0 and requests["c"].num_preemptions == 1
+    assert outs[2].request_ids == ["a", "b"]
+    run_until_done(scheduler, worker, run)
+    assert_matches_reference(run, {n: (r.prompt_token_ids, 5) for n, r in requests.items()})
+
+
+def test_priority_preempts_the_lowest_priority_first() -> None:
+    scheduler, worker, requests = _three_requests_filling_the_pool("priority", (1, 0, 0))
+    run = Run()
+    outs = [step(scheduler, worker, run) for _ in range(3)]
+    assert outs[2].finished_handles == [requests["a"].handle]
+    assert sorted(outs[2].request_ids) == ["b", "c"]
+    run_until_done(scheduler, worker, run)
+    assert_matches_reference(run, {n: (r.prompt_token_ids, 5) for n, r in requests.items()})
+
+
+def test_a_request_preempts_itself_when_it_is_the_least_deserving() -> None:
+    scheduler, worker = make_scheduler(num_blocks=3, max_num_batched_tokens=8)  # 2 blocks
+    scheduler.add_request(make_request("a", prompt(3), max_tokens=5))
+    run = Run()
+    step(scheduler, worker, run)
+    scheduler.add_request(make_request("b", prompt(2, seed=1), max_tokens=2, arrival_time=1.0))
+    run_until_done(scheduler, worker, run)
+    assert scheduler.num_preemptions >= 1
+    assert_matches_reference(run, {"a": (prompt(3), 5), "b": (prompt(2, 1), 2)})
+
+
+def test_priority_waiting_request_preempts_a_lower_priority_running_one() -> None:
+    scheduler, worker = make_scheduler(num_blocks=5, policy="priority")   # 4 usable blocks
+    low = make_request("low", prompt(8), max_tokens=8, priority=5)
+    scheduler.add_request(low)
+    run = Run()
+    for _ in range(3):
+        step(scheduler, worker, run)
+    high = make_request("high", prompt(8, seed=1), max_tokens=4, priority=0, arrival_time=1.0)
+    scheduler.add_request(high)
+    out = step(scheduler, worker, run)
+    assert out.finished_handles == [low.handle]
+    assert [new.request_id for new in out.new_requests] == ["high"]
+    assert low.handle not in out.cached.handles and low.status is RequestStatus.PREEMPTED
+    run_until_done(scheduler, worker, run)
+    assert_matches_reference(run, {"low": (prompt(8), 8), "high": (prompt(8, 1), 4)})
+    assert list(run.finished) == ["high", "low"]
+
+
+def test_fcfs_waiting_request_never_preempts() -> None:
+    scheduler, worker = make_scheduler(num_blocks=5)
+    scheduler.add_request(make_request("first", prompt(8), max_tokens=8, priority=5))
+    run = Run()
+    for _ in range(3):
+        step(scheduler, worker, run)
+    scheduler.add_request(make_request("second", prompt(8, 1), max_tokens=4, arrival_time=1.0))
+    run_until_done(scheduler, worker, run)
+    assert scheduler.num_preemptions == 0
+    assert list(run.finished) == ["first", "second"]
+
+
+# ---- policies and admission --------------------------------------------------------------
+
+@pytest.mark.parametrize("policy, expected", [("priority", ["b", "d", "c", "a"]),
+                                              ("fcfs", ["a", "b", "c", "d"])])
+def test_waiting_order_follows_the_policy(policy: str, expected: list[str]) -> None:
+    scheduler, worker = make_scheduler(max_num_seqs=1, policy=policy)
+    for i, (name, priority) in enumerate(zip("abcd", (3, 1, 2, 1))):
+        scheduler.add_request(make_request(name, prompt(5, seed=i), max_tokens=2,
+                                           priority=priority, arrival_time=float(i)))
+    run = run_until_done(scheduler, worker)
+    started = [new.request_id for out in run.steps for new in out.new_requests]
+    assert started == expected
+
+
+def test_admission_limits_on_queued_requests_and_tokens() -> None:
+    scheduler, worker = make_scheduler(max_num_queued_reqs=2)
+    scheduler.add_request(make_request("a", prompt(5)))
+    scheduler.add_request(make_request("b", prompt(5)))
+    with pytest.raises(AdmissionRejected) as rejected:
+        scheduler.add_request(make_request("c", prompt(5)))
+    assert rejected.value.retry_after_s > 0 and "2 requests" in rejected.value.message
+    assert scheduler.get_request("c") is None
+    step(scheduler, worker, Run())   # both start running: the queue is empty again
+    scheduler.add_request(make_request("c", prompt(5)))
+
+    scheduler, _ = make_scheduler(max_num_queued_tokens=20)
+    scheduler.add_request(make_request("a", prompt(15)))
+    with pytest.raises(AdmissionRejected):
+        scheduler.add_request(make_request("b", prompt(10)))
+    scheduler.add_request(make_request("c", prompt(5)))
+    assert scheduler.num_waiting_tokens == 20 and scheduler.num_waiting == 2
+
+    scheduler, _ = make_scheduler(max_num_queued_tokens=20)
+    scheduler.add_request(make_request("big", prompt(30)))   # an empty queue takes any one
+
+
+def test_requests_that_can_never_run_are_rejected() -> None:
+    scheduler, _ = make_scheduler(max_model_len=256)
+    with pytest.raises(RequestTooLong, match="maximum context length is 256 tokens"):
+        scheduler.add_request(make_request("a", prompt(250), max_tokens=10))
+    scheduler, _ = make_scheduler(num_blocks=5)   # 16 tokens of KV
+    with pytest.raises(ValueError, match="KV cache"):
+        scheduler.add_request(make_request("b", prompt(10), max_tokens=10))
+    scheduler.add_request(make_request("c", prompt(10), max_tokens=6))
+    with pytest.raises(ValueError, match="already"):
+        scheduler.add_request(make_request("c", prompt(10), max_tokens=6))
+    with pytest.raises(ValueError):
+        make_request("d", [], max_tokens=6)
+
+
+# ---- abort and failure -----------------------------------------------------------------
+
+def test_abort_frees_blocks_at_once_and_drops_the_worker_row_next_step() -> None:
+    scheduler, worker = make_scheduler(max_num_seqs=1)
+    running = make_request("a", prompt(9), max_tokens=20)
+    waiting = make_request("b", prompt(9, seed=1), max_tokens=20)
+    scheduler.add_request(running)
+    scheduler.add_request(waiting)
+    run = Run()
+    step(scheduler, worker, run)
+    assert scheduler.kv_cache_manager.usage > 0
+    aborted = scheduler.abort_requests(["a", "b", "unknown"])
+    assert aborted == [running, waiting]
+    assert all(r.status is RequestStatus.FINISHED_ABORTED for r in aborted)
+    assert scheduler.kv_cache_manager.usage == 0
+    assert not scheduler.has_unfinished_requests() and scheduler.has_finished_requests()
+    assert scheduler.num_waiting == 0 and scheduler.num_waiting_tokens == 0
+    out = step(scheduler, worker, run)
+    assert out.finished_handles == [running.handle] and out.is_empty
+    assert worker.rows == {}
+
+
+def test_abort_between_schedule_and_update_is_ignored_by_the_update() -> None:
+    scheduler, worker = make_scheduler()
+    scheduler.add_request(make_request("a", prompt(5)))
+    scheduler.add_request(make_request("b", prompt(5, seed=1)))
+    out = scheduler.schedule()
+    runner_output = worker.execute(out)
+    scheduler.abort_requests(["a"])
+    results = scheduler.update_from_output(out, runner_output)
+    assert [r.request_id for r in results] == ["b"]
+
+
+def test_fail_all_errors_every_request_and_forgets_the_kv_cache() -> None:
+    scheduler, worker = make_scheduler(max_num_seqs=1)
+    scheduler.add_request(make_request("a", prompt(9)))
+    scheduler.add_request(make_request("b", prompt(9)))
+    step(scheduler, worker, Run())
+    failed = scheduler.fail_all("worker lost")
+    assert {r.request_id for r in failed} == {"a", "b"}
+    assert all(r.status is RequestStatus.FINISHED_ERROR and r.error == "worker lost"
+               for r in failed)
+    assert scheduler.kv_cache_manager.usage == 0
+    assert not scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block
+    assert not scheduler.has_unfinished_requests()
+
+
+def test_set_num_blocks_rebuilds_the_pool_and_fails_what_no_longer_fits() -> None:
+    scheduler, worker = make_scheduler(num_blocks=64)
+    scheduler.add_request(make_request("small", prompt(5), max_tokens=3))
+    scheduler.add_request(make_request("large", prompt(40), max_tokens=10))
+    failed = scheduler.set_num_blocks(5)
+    assert [r.request_id for r in failed] == ["large"] and failed[0].error
+    run = run_until_done(scheduler, FakeWorker(5, 4))
+    assert list(run.finished) == ["small"]
+
+
+# ---- prefix caching --------------------------------------------------------------------
+
+def test_prefix_hits_are_counted_and_not_recomputed() -> None:
+    scheduler, worker = make_scheduler()
+    shared = prompt(20)
+    scheduler.add_request(make_request("a", shared, max_tokens=3))
+    run = run_until_done(scheduler, worker)
+    b_prompt = shared[:16] + [1, 2, 3, 4, 5]
+    scheduler.add_request(make_request("b", b_prompt, max_tokens=3))
+    out = step(scheduler, worker, run)
+    assert out.new_requests[0].num_computed_tokens == 16
+    assert out.num_scheduled_tokens == [5]
+    run_until_done(scheduler, worker, run)
+    assert_matches_reference(run, {"a": (shared, 3), "b": (b_prompt, 3)})
+    assert run.finished["b"].num_cached_tokens == 16
+    stats = scheduler.make_stats()
+    assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (20 + 21, 16)
+
+
+def test_a_full_prompt_hit_still_runs_its_last_block() -> None:
+    scheduler, worker = make_scheduler()
+    scheduler.add_request(make_request("a", prompt(20), max_tokens=3))
+    run = run_until_done(scheduler, worker)
+    scheduler.add_request(make_request("same", prompt(20), max_tokens=3))
+    # a's outputs are cached too: its 22 computed tokens filled 5 blocks.
+    extended = prompt(20) + run.outputs["a"][:3]
+    scheduler.add_request(make_request("extended", extended, max_tokens=3))
+    out = step(scheduler, worker, run)
+    assert out.num_scheduled_tokens_by_id == {"same": 4, "extended": 3}
+    assert [new.num_computed_tokens for new in out.new_requests] == [16, 20]
+    run_until_done(scheduler, worker, run)
+    assert_matches_reference(run, {"same": (prompt(20), 3), "extended": (extended, 3)})
+
+
+def test_parallel_samples_share_the_prompt_blocks_in_the_same_step() -> None:
+    scheduler, worker = make_scheduler()
+    for i in range(3):
+        scheduler.add_request(make_request(f"s{i}", prompt(17), max_tokens=4))
+    run = Run()
+    out = step(scheduler, worker, run)
+    assert out.num_scheduled_tokens == [17, 1, 1]
+    tables = [new.block_ids for new in out.new_requests]
+    assert tables[0][:4] == tables[1][:4] == tables[2][:4]
+    assert len({table[4] for table in tables}) == 3
+    assert scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == 63 - 7
+    run_until_done(scheduler, worker, run)
+    assert len({tuple(tokens) for tokens in run.outputs.values()}) == 1
+
+
+def test_cache_salt_isolates_tenants() -> None:
+    scheduler, worker = make_scheduler()
+    scheduler.add_request(make_request("x1", prompt(12), max_tokens=2, cache_salt="x"))
+    run = run_until_done(scheduler, worker)
+    scheduler.add_request(make_request("y", prompt(12), max_tokens=2, cache_salt="y"))
+    scheduler.add_request(make_request("x2", prompt(12), max_tokens=2, cache_salt="x"))
+    scheduler.add_request(make_request("none", prompt(12), max_tokens=2))
+    out = step(scheduler, worker, run)
+    hits = {new.request_id: new.num_computed_tokens for new in out.new_requests}
+    assert hits == {"y": 0, "x2": 8, "none": 0}
+
+
+def test_skip_prefix_cache_reads_nothing_but_still_caches() -> None:
+    scheduler, worker = make_scheduler()
+    scheduler.add_request(make_request("a", prompt(12), max_tokens=2, skip_prefix_cache=True))
+    scheduler.add_request(make_request("b", prompt(12), max_tokens=2, skip_prefix_cache=True))
+    run = Run()
+    out = step(scheduler, worker, run)
+    assert [new.num_computed_tokens for new in out.new_requests] == [0, 0]
+    run_until_done(scheduler, worker, run)
+    assert scheduler.make_stats().prefix_cache_queries == 0
+    scheduler.add_request(make_request("c", prompt(12), max_tokens=2))
+    assert step(scheduler, worker, run).new_requests[0].num_computed_tokens == 8
+
+
+def test_reset_prefix_cache_only_when_idle() -> None:
+    scheduler, worker = make_scheduler()
+    scheduler.add_request(make_request("a", prompt(12), max_tokens=3))
+    run = Run()
+    step(scheduler, worker, run)
+    assert scheduler.reset_prefix_cache() is False
+    run_until_done(scheduler, worker, run)
+    assert scheduler.reset_prefix_cache() is True
+    scheduler.add_request(make_request("b", prompt(12), max_tokens=3))
+    assert step(scheduler, worker, run).new_requests[0].num_computed_tokens == 0
+
+
+# ---- stop conditions -------------------------------------------------------------------
+
+def counting_model(context: list[int]) -> int:
+    return 100 + len(context)   # prompt of 4 -> outputs 104, 105, 106, ...
+
+
+@pytest.mark.parametrize("kwargs, outputs, reason, stop_token_id", [
+    (dict(eos_token_ids=[106]), [104, 105, 106], FinishReason.STOP, None),
+    (dict(eos_token_ids=[106], ignore_eos=True), [104, 105, 106, 107, 108],
+     FinishReason.LENGTH, None),
+    (dict(stop_token_ids=[105], eos_token_ids=[106]), [104, 105], FinishReason.STOP, 105),
+    (dict(eos_token_ids=[105, 107], min_tokens=3), [104, 105, 106, 107], FinishReason.STOP, None),
+    (dict(stop_token_ids=[105], min_tokens=2), [104, 105], FinishReason.STOP, 105),
+    (dict(stop_token_ids=[104], min_tokens=9), [104, 105, 106, 107, 108], FinishReason.LENGTH,
+     None),
+])
+def test_stop_conditions(kwargs: dict, outputs: list[int], reason: FinishReason,
+                         stop_token_id: int | None) -> None:
+    scheduler, _ = make_scheduler()
+    worker = FakeWorker(64, 4, model=counting_model)
+    scheduler.add_request(make_request("r", [1, 2, 3, 4], max_tokens=5, **kwargs))
+    run = run_until_done(scheduler, worker)
+    assert run.outputs["r"] == outputs
+    finished = run.finished["r"]
+    assert (finished.finish_reason, finished.stop_token_id) == (reason, stop_token_id)
+    assert finished.num_output_tokens == len(outputs) and finished.num_prompt_tokens == 4
+
+
+def test_max_model_len_caps_the_output() -> None:
+    scheduler, _ = make_scheduler(max_model_len=12)
+    scheduler.add_request(make_request("r", [1, 2, 3, 4], max_tokens=8))
+    run = run_until_done(scheduler, FakeWorker(64, 4, model=counting_model))
+    assert len(run.outputs["r"]) == 8
+    assert run.finished["r"].finish_reason is FinishReason.LENGTH
+
+
+def test_timestamps_follow_the_injected_clock() -> None:
+    clock = ManualClock()
+    scheduler, worker = make_scheduler(clock=clock, max_num_batched_tokens=8)
+    request = make_request("r", prompt(12), max_tokens=2, arrival_time=0.0)
+    scheduler.add_request(request)
+    run = Run()
+    for _ in range(4):
+        clock.advance(1.0)
+        step(scheduler, worker, run)
+    assert (request.first_scheduled_time, request.first_token_time) == (1.0, 2.0)
+    assert (request.last_token_time, request.finished_time) == (3.0, 3.0)
+    assert run.finished["r"].finished_request is request
+
+
+def test_handles_are_unique_and_name_the_worker_rows() -> None:
+    scheduler, worker = make_scheduler()
+    requests = [make_request(f"r{i}", prompt(3, seed=i), max_tokens=2) for i in range(5)]
+    for request in requests:
+        scheduler.add_request(request)
+    assert len({r.handle for r in requests}) == 5
+    out = scheduler.schedule()
+    assert [new.handle for new in out.new_requests] == [r.handle for r in requests]
+    results = scheduler.update_from_output(out, RunnerOutput([requests[0].handle], [7]))
+    # A complete prefill that got no token is a worker fault: the request fails.
+    assert [r.request_id for r in results if r.finish_reason is FinishReason.ERROR] == \
+        ["r1", "r2", "r3", "r4"]
