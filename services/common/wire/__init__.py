@@ -147,6 +147,7 @@ class RequestDeltaBatch(betterproto.Message):
     finish_reasons: bytes = betterproto.bytes_field(6)
     finished: List["FinishInfo"] = betterproto.message_field(7)
     logprobs: List["RequestLogprobs"] = betterproto.message_field(8)
+    num_cached_tokens: bytes = betterproto.bytes_field(9)
 
 
 @dataclass(eq=False, repr=False)
@@ -187,6 +188,7 @@ class StepInput(betterproto.Message):
     """
 
     finished_handles: bytes = betterproto.bytes_field(8)
+    reset: bool = betterproto.bool_field(9)
 
 
 @dataclass(eq=False, repr=False)

@@ -1,0 +1,132 @@
+"""The NATS bus: services see typed protobuf messages, never bytes.
+
+Connects with reconnect forever (a restarted NATS server is rejoined without restarting
+the service), publishes and requests wire messages, and runs subscription handlers that
+receive parsed messages. A handler's exception is logged and never kills the subscription.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import betterproto
+import nats
+import nats.errors
+import structlog
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+log = structlog.get_logger(__name__)
+
+M = TypeVar("M", bound=betterproto.Message)
+R = TypeVar("R", bound=betterproto.Message)
+
+
+class BusError(Exception):
+    """A request got no answer: nobody listens on the subject, or it timed out."""
+
+
+class NoResponders(BusError):
+    pass
+
+
+class RequestTimeout(BusError):
+    pass
+
+
+class Bus:
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    @classmethod
+    async def connect(cls, url: str, name: str, *, retry_for_s: float = 60.0) -> Bus:
+        """Connects, retrying while the server is not up yet (services may start first)."""
+        deadline = asyncio.get_running_loop().time() + retry_for_s
+        attempt = 0
+        while True:
+            try:
+                client = await nats.connect(
+                    url, name=name, allow_reconnect=True, max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.5, connect_timeout=2, ping_interval=5,
+                    max_outstanding_pings=2, error_cb=_on_error,
+                    disconnected_cb=_on_disconnected, reconnected_cb=_on_reconnected)
+                return cls(client)
+            except (OSError, nats.errors.Error, asyncio.TimeoutError) as exc:
+                attempt += 1
+                if asyncio.get_running_loop().time() > deadline:
+                    raise BusError(f"cannot reach NATS at {_safe_url(url)}: {exc}; start "
+                                   f"nats-server or pass --nats-url") from exc
+                if attempt == 1 or attempt % 10 == 0:
+                    log.info("waiting for NATS", url=_safe_url(url), error=str(exc))
+                await asyncio.sleep(0.5)
+
+    @property
+    def is_connected(self) -> bool:
+        return self.client.is_connected
+
+    async def publish(self, subject: str, message: betterproto.Message) -> None:
+        await self.client.publish(subject, bytes(message))
+
+    async def request(self, subject: str, message: betterproto.Message, reply_type: type[R],
+                      timeout: float) -> R:
+        try:
+            reply = await self.client.request(subject, bytes(message), timeout=timeout)
+        except nats.errors.NoRespondersError as exc:
+            raise NoResponders(f"no service answers on {subject}") from exc
+        except nats.errors.TimeoutError as exc:
+            raise RequestTimeout(f"no reply on {subject} within {timeout:.1f} s") from exc
+        return reply_type().parse(reply.data)
+
+    async def subscribe(self, subject: str, message_type: type[M],
+                        handler: Callable[[M], Awaitable[None]], queue: str = "") -> Subscription:
+        async def on_message(msg: Msg) -> None:
+            try:
+                await handler(message_type().parse(msg.data))
+            except Exception:
+                log.exception("message handler failed", subject=subject)
+
+        return await self.client.subscribe(subject, queue=queue, cb=on_message)
+
+    async def serve(self, subject: str, request_type: type[M],
+                    handler: Callable[[M], Awaitable[betterproto.Message]],
+                    queue: str = "") -> Subscription:
+        """Answers requests on `subject` with the handler's reply message."""
+        async def on_request(msg: Msg) -> None:
+            try:
+                reply = await handler(request_type().parse(msg.data))
+            except Exception:
+                log.exception("request handler failed", subject=subject)
+                return  # the requester times out; every handler answers its own errors
+            if msg.reply:
+                await msg.respond(bytes(reply))
+
+        return await self.client.subscribe(subject, queue=queue, cb=on_request)
+
+    async def flush(self, timeout: float = 2.0) -> None:
+        await self.client.flush(timeout=timeout)
+
+    async def close(self) -> None:
+        if not self.client.is_closed:
+            try:
+                await self.client.drain()
+            except (nats.errors.Error, asyncio.TimeoutError):
+                await self.client.close()
+
+
+def _safe_url(url: str) -> str:
+    return url.split("@", 1)[1] if "@" in url else url
+
+
+async def _on_error(exc: Exception) -> None:
+    log.warning("NATS error", error=str(exc) or type(exc).__name__)
+
+
+async def _on_disconnected() -> None:
+    log.warning("NATS disconnected; reconnecting")
+
+
+async def _on_reconnected() -> None:
+    log.info("NATS reconnected")

@@ -1,0 +1,78 @@
+"""Every Prometheus metric name of the mesh, in one place.
+
+Engine metrics keep vLLM's names and types (`vllm:*`), so existing dashboards, KEDA
+triggers and endpoint pickers work on the mesh unchanged; the mesh's own metrics are
+`llm_mesh:*`. Histogram buckets are fine below 100 ms for latency SLOs.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Seconds: fine steps below 100 ms, then coarser up to minutes.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
+                   0.06, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                   20.0, 40.0, 80.0, 160.0, 640.0)
+STEP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075,
+                0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+ENGINE_LABELS = ("model_name", "engine")
+
+
+class EngineMetrics:
+    """The scheduler's view of its engine (vLLM's engine metrics)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, ENGINE_LABELS, registry=registry)
+
+        def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
+            return Counter(name, doc, ENGINE_LABELS + extra, registry=registry)
+
+        def histogram(name: str, doc: str) -> Histogram:
+            return Histogram(name, doc, ENGINE_LABELS, buckets=LATENCY_BUCKETS,
+                             registry=registry)
+
+        self.num_requests_running = gauge("vllm:num_requests_running",
+                                          "Requests in the running batch")
+        self.num_requests_waiting = gauge("vllm:num_requests_waiting", "Requests waiting")
+        self.kv_cache_usage_perc = gauge("vllm:kv_cache_usage_perc",
+                                         "KV cache usage (1 = full)")
+        self.prefix_cache_queries = counter("vllm:prefix_cache_queries",
+                                            "Prompt tokens looked up in the prefix cache")
+        self.prefix_cache_hits = counter("vllm:prefix_cache_hits",
+                                         "Prompt tokens found in the prefix cache")
+        self.num_preemptions = counter("vllm:num_preemptions", "Preemptions (by recompute)")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens of finished requests")
+        self.generation_tokens = counter("vllm:generation_tokens", "Tokens generated")
+        self.request_success = counter("vllm:request_success", "Finished requests",
+                                       ("finished_reason",))
+        self.time_to_first_token = histogram("vllm:time_to_first_token_seconds",
+                                             "Arrival at the engine to first token")
+        self.inter_token_latency = histogram("vllm:inter_token_latency_seconds",
+                                             "Time between consecutive output tokens")
+        self.e2e_request_latency = histogram("vllm:e2e_request_latency_seconds",
+                                             "Arrival at the engine to finish")
+        self.request_queue_time = histogram("vllm:request_queue_time_seconds",
+                                            "Arrival to first scheduled")
+        self.request_prefill_time = histogram("vllm:request_prefill_time_seconds",
+                                              "First scheduled to first token")
+        self.request_decode_time = histogram("vllm:request_decode_time_seconds",
+                                             "First token to last token")
+        self.step_time = Histogram("llm_mesh:engine_step_seconds",
+                                   "Wall time of one engine step (schedule, worker, update)",
+                                   ENGINE_LABELS, buckets=STEP_BUCKETS, registry=registry)
+        self.schedule_time = Histogram("llm_mesh:scheduler_cpu_seconds_per_step",
+                                       "Scheduler time per step outside the worker call "
+                                       "(schedule, encode, update, publish)",
+                                       ENGINE_LABELS, buckets=STEP_BUCKETS, registry=registry)
+        self.worker_call_time = Histogram("llm_mesh:worker_call_seconds",
+                                          "Round trip of one step to the worker (NATS, "
+                                          "serialization and the forward pass)",
+                                          ENGINE_LABELS, buckets=STEP_BUCKETS, registry=registry)
+        self.worker_execute_time = Histogram("llm_mesh:worker_execute_seconds",
+                                             "Worker time inside one step",
+                                             ENGINE_LABELS, buckets=STEP_BUCKETS,
+                                             registry=registry)
+        self.admission_rejections = counter("llm_mesh:admission_rejections",
+                                            "Requests refused because the queue was full")

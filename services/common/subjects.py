@@ -1,0 +1,62 @@
+"""Every NATS subject name of the mesh, in one place.
+
+Instance-addressed subjects carry state that lives in one place (an engine's queues, a
+tokenizer's detokenizer state, a gateway's open streams); stateless work uses queue groups.
+All names sit under a namespace so several meshes can share one NATS server.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TOKENIZER_QUEUE = "tokenizer"
+
+
+@dataclass(frozen=True)
+class Subjects:
+    namespace: str = "mesh"
+
+    # Every service, periodically: wire.Heartbeat.
+    @property
+    def heartbeat(self) -> str:
+        return f"{self.namespace}.heartbeat"
+
+    # Gateway -> any tokenizer (queue group), request/reply.
+    @property
+    def tokenizer_encode(self) -> str:
+        return f"{self.namespace}.tokenizer.encode"
+
+    @property
+    def tokenizer_detokenize(self) -> str:
+        return f"{self.namespace}.tokenizer.detokenize"
+
+    # Scheduler -> the tokenizer holding a request's detokenizer state.
+    def tokenizer_deltas(self, tokenizer_id: str) -> str:
+        return f"{self.namespace}.tokenizer.{tokenizer_id}.deltas"
+
+    def tokenizer_release(self, tokenizer_id: str) -> str:
+        return f"{self.namespace}.tokenizer.{tokenizer_id}.release"
+
+    # Tokenizer -> the gateway holding the client connection.
+    def gateway_outputs(self, gateway_id: str) -> str:
+        return f"{self.namespace}.gateway.{gateway_id}.outputs"
+
+    # Gateway -> one engine's scheduler.
+    def engine_submit(self, engine_id: str) -> str:
+        return f"{self.namespace}.engine.{engine_id}.submit"
+
+    def engine_abort(self, engine_id: str) -> str:
+        return f"{self.namespace}.engine.{engine_id}.abort"
+
+    def engine_admin(self, engine_id: str) -> str:
+        return f"{self.namespace}.engine.{engine_id}.admin"
+
+    # Scheduler <-> its worker.
+    def worker_step(self, engine_id: str) -> str:
+        return f"{self.namespace}.engine.{engine_id}.worker.step"
+
+    def worker_info(self, engine_id: str) -> str:
+        return f"{self.namespace}.engine.{engine_id}.worker.info"
+
+    def worker_hello(self, engine_id: str) -> str:
+        return f"{self.namespace}.engine.{engine_id}.worker.hello"

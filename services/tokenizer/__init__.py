@@ -1,0 +1,1 @@
+"""The tokenizer service: chat templates, encoding, incremental detokenization, stop strings."""

@@ -1,0 +1,68 @@
+"""Per-request detokenizer state: incremental decoding, stop strings, token strings."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from tokenizers.decoders import DecodeStream
+
+from services.common import wire
+from services.tokenizer.stop_checker import StopChecker
+from services.tokenizer.text_codec import TextCodec
+
+
+class RequestDetokenizer:
+    """Turns one request's token deltas into text deltas.
+
+    Decoding is incremental (tokenizers' DecodeStream keeps the byte-level state, so a
+    character split across tokens comes out whole once complete) and costs ~1 us a token.
+    """
+
+    def __init__(self, request_id: str, params: wire.DetokenizeParams,
+                 num_prompt_tokens: int) -> None:
+        self.request_id = request_id
+        self.gateway_id = params.gateway_id
+        self.engine_id = params.engine_id
+        self.return_token_strings = params.return_token_strings
+        self.num_prompt_tokens = num_prompt_tokens
+        self.num_cached_tokens = 0
+        self.num_output_tokens = 0
+        self.has_output = False
+        self.registered_at = time.monotonic()
+        self._stream = DecodeStream(skip_special_tokens=params.skip_special_tokens)
+        self._stops = (StopChecker(params.stop, params.include_stop_str_in_output)
+                       if params.stop else None)
+
+    def process(self, codec: TextCodec, token_ids: Sequence[int]) -> tuple[str, int, str | None]:
+        """Returns (new text, tokens consumed, the stop string matched or None).
+
+        Tokens after the one that completes a stop string are dropped.
+        """
+        self.has_output = True
+        pieces: list[str] = []
+        for consumed, token_id in enumerate(token_ids, start=1):
+            piece = self._stream.step(codec.fast, int(token_id))
+            self.num_output_tokens += 1
+            if piece is None:
+                continue
+            if self._stops is None:
+                pieces.append(piece)
+                continue
+            emit, stop = self._stops.append(piece)
+            pieces.append(emit)
+            if stop is not None:
+                return "".join(pieces), consumed, stop
+        return "".join(pieces), len(token_ids), None
+
+    def flush(self) -> str:
+        """Text held back for stop-string matching, when the request ends otherwise."""
+        return self._stops.flush() if self._stops is not None else ""
+
+    def finish_info(self, reason: wire.FinishReason, stop_reason: str = "",
+                    stop_token_id: int | None = None, error: str = "") -> wire.FinishInfo:
+        return wire.FinishInfo(
+            request_id=self.request_id, finish_reason=reason, stop_reason=stop_reason,
+            stop_token_id=stop_token_id, num_prompt_tokens=self.num_prompt_tokens,
+            num_cached_tokens=self.num_cached_tokens, num_output_tokens=self.num_output_tokens,
+            error=error)

@@ -1,0 +1,51 @@
+"""Collects one step's text outputs into one TextOutputBatch per gateway."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from services.common import wire
+from services.common.packing import pack_int32, pack_strings, pack_uint8
+
+
+@dataclass
+class _GatewayBatch:
+    request_ids: list[str] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    finish_reasons: list[int] = field(default_factory=list)
+    finished: list[wire.FinishInfo] = field(default_factory=list)
+    logprobs: list[wire.TokenLogprobs] = field(default_factory=list)
+
+
+class OutputBatcher:
+    def __init__(self) -> None:
+        self._batches: dict[str, _GatewayBatch] = defaultdict(_GatewayBatch)
+
+    def add(self, gateway_id: str, request_id: str, text: str, num_new_tokens: int,
+            finish: wire.FinishInfo | None) -> None:
+        batch = self._batches[gateway_id]
+        batch.request_ids.append(request_id)
+        batch.texts.append(text)
+        batch.num_new_tokens.append(num_new_tokens)
+        if finish is None:
+            batch.finish_reasons.append(wire.FinishReason.NONE)
+        else:
+            batch.finish_reasons.append(finish.finish_reason)
+            batch.finished.append(finish)
+
+    def add_logprobs(self, gateway_id: str, logprobs: wire.TokenLogprobs) -> None:
+        self._batches[gateway_id].logprobs.append(logprobs)
+
+    def take(self) -> dict[str, wire.TextOutputBatch]:
+        batches = {
+            gateway_id: wire.TextOutputBatch(
+                request_ids=pack_strings(b.request_ids), texts=pack_strings(b.texts),
+                num_new_tokens=pack_int32(b.num_new_tokens),
+                finish_reasons=pack_uint8(b.finish_reasons), finished=b.finished,
+                logprobs=b.logprobs)
+            for gateway_id, b in self._batches.items()
+        }
+        self._batches.clear()
+        return batches

@@ -1,0 +1,191 @@
+"""The tokenizer service: encodes prompts for the gateway (a stateless queue group) and
+turns each engine step's token deltas into text for the gateways (stateful, per instance:
+it detokenizes the requests it encoded)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+
+import betterproto
+
+from services.common import wire
+from services.common.model_files import resolve_model
+from services.common.packing import (pack_int32, pack_strings, unpack_int32, unpack_strings,
+                                     unpack_uint8)
+from services.common.service import Service
+from services.common.subjects import TOKENIZER_QUEUE
+from services.tokenizer.detokenizer import RequestDetokenizer
+from services.tokenizer.output_batcher import OutputBatcher
+from services.tokenizer.settings import TokenizerSettings
+from services.tokenizer.text_codec import InvalidPrompt, TextCodec
+
+FinishReason = wire.FinishReason
+
+
+class TokenizerService(Service):
+    name = "tokenizer"
+
+    def __init__(self, settings: TokenizerSettings) -> None:
+        super().__init__(settings)
+        self.settings: TokenizerSettings = settings
+        self.codec: TextCodec | None = None
+        self.states: dict[str, RequestDetokenizer] = {}
+
+    async def setup(self) -> None:
+        files = await asyncio.to_thread(resolve_model, self.settings.model)
+        started = time.monotonic()
+        self.codec = await asyncio.to_thread(TextCodec, files.hf_dir)
+        self.log.info("tokenizer loaded", model=str(files.source), vocab_size=self.codec.vocab_size,
+                      seconds=round(time.monotonic() - started, 2))
+        bus = self.connected_bus
+        await bus.serve(self.subjects.tokenizer_encode, wire.EncodeRequest, self.on_encode,
+                        queue=TOKENIZER_QUEUE)
+        await bus.serve(self.subjects.tokenizer_detokenize, wire.DetokenizeRequest,
+                        self.on_detokenize, queue=TOKENIZER_QUEUE)
+        await bus.subscribe(self.subjects.tokenizer_deltas(self.instance_id),
+                            wire.RequestDeltaBatch, self.on_deltas)
+        await bus.subscribe(self.subjects.tokenizer_release(self.instance_id),
+                            wire.ReleaseRequest, self.on_release)
+        asyncio.create_task(self._expire_states_loop())
+
+    def readiness(self) -> tuple[bool, str]:
+        return (True, "") if self.codec is not None else (False, "loading tokenizer")
+
+    # ---- encoding (request/reply)
+
+    async def on_encode(self, request: wire.EncodeRequest) -> wire.EncodeReply:
+        assert self.codec is not None
+        try:
+            token_ids = self._encode(request)
+        except InvalidPrompt as exc:
+            return wire.EncodeReply(error=str(exc), tokenizer_id=self.instance_id)
+        for request_id in request.request_ids:
+            self.states[request_id] = RequestDetokenizer(request_id, request.detokenize,
+                                                         len(token_ids))
+        strings = self.codec.raw_token_strings(token_ids) if request.return_token_strings else []
+        return wire.EncodeReply(token_ids=pack_int32(token_ids), tokenizer_id=self.instance_id,
+                                token_strings=strings)
+
+    def _encode(self, request: wire.EncodeRequest) -> list[int]:
+        assert self.codec is not None
+        kind, value = betterproto.which_one_of(request, "input")
+        if kind == "prompt_token_ids":
+            token_ids = unpack_int32(value).tolist()
+            bad = [t for t in token_ids if not 0 <= t < self.codec.vocab_size]
+            if bad:
+                raise InvalidPrompt(f"token id {bad[0]} is outside the vocabulary "
+                                    f"(0..{self.codec.vocab_size - 1})")
+            return token_ids
+        if kind == "chat":
+            messages = [{"role": m.role, "content": m.content, **({"name": m.name} if m.name else {})}
+                        for m in value.messages]
+            text = self.codec.render_chat(messages, request.add_generation_prompt,
+                                          request.continue_final_message,
+                                          request.chat_template or None,
+                                          request.chat_template_kwargs_json)
+            # The template already placed the special tokens.
+            return self.codec.encode(text, add_special_tokens=request.add_special_tokens)
+        return self.codec.encode(value or "", add_special_tokens=request.add_special_tokens)
+
+    async def on_detokenize(self, request: wire.DetokenizeRequest) -> wire.DetokenizeReply:
+        assert self.codec is not None
+        token_ids = unpack_int32(request.token_ids).tolist()
+        bad = [t for t in token_ids if not 0 <= t < self.codec.vocab_size]
+        if bad:
+            return wire.DetokenizeReply(error=f"token id {bad[0]} is outside the vocabulary")
+        return wire.DetokenizeReply(text=self.codec.decode(token_ids, request.skip_special_tokens))
+
+    # ---- detokenizing (one batch per engine step)
+
+    async def on_deltas(self, batch: wire.RequestDeltaBatch) -> None:
+        assert self.codec is not None
+        request_ids = unpack_strings(batch.request_ids)
+        counts = unpack_int32(batch.num_new_tokens).tolist()
+        tokens = unpack_int32(batch.new_token_ids)
+        reasons = unpack_uint8(batch.finish_reasons).tolist()
+        cached = unpack_int32(batch.num_cached_tokens).tolist()
+        finished = {info.request_id: info for info in batch.finished}
+        logprobs = defaultdict(list)
+        for entry in batch.logprobs:
+            logprobs[entry.request_id].append(entry)
+
+        outputs = OutputBatcher()
+        stopped_by_string: list[str] = []
+        offset = 0
+        for i, request_id in enumerate(request_ids):
+            new_tokens = tokens[offset:offset + counts[i]]
+            offset += counts[i]
+            state = self.states.get(request_id)
+            if state is None:
+                continue  # released or expired; the engine learns of it through the gateway
+            if cached:
+                state.num_cached_tokens = cached[i]
+            text, consumed, stop = state.process(self.codec, new_tokens)
+            finish: wire.FinishInfo | None = None
+            if stop is not None:
+                finish = state.finish_info(FinishReason.STOP, stop_reason=stop)
+                if reasons[i] == FinishReason.NONE:
+                    stopped_by_string.append(request_id)
+            elif reasons[i] != FinishReason.NONE:
+                text += state.flush()
+                engine_info = finished.get(request_id)
+                finish = state.finish_info(
+                    FinishReason(reasons[i]),
+                    stop_token_id=engine_info.stop_token_id if engine_info else None,
+                    error=engine_info.error if engine_info else "")
+            for entry in logprobs.get(request_id, ()):
+                outputs.add_logprobs(state.gateway_id, self._name_tokens(entry, consumed))
+            outputs.add(state.gateway_id, request_id, text, consumed, finish)
+            if finish is not None:
+                del self.states[request_id]
+        if stopped_by_string:
+            await self._abort_in_engine(batch.engine_id, stopped_by_string)
+        for gateway_id, text_batch in outputs.take().items():
+            await self.connected_bus.publish(self.subjects.gateway_outputs(gateway_id), text_batch)
+
+    def _name_tokens(self, entry: wire.RequestLogprobs, max_rows: int) -> wire.TokenLogprobs:
+        """Adds the token strings the OpenAI API returns beside each logprob."""
+        assert self.codec is not None
+        columns = entry.columns
+        token_ids = unpack_int32(columns.token_ids)
+        if not entry.is_prompt and len(token_ids) > max_rows:  # tokens after a stop string
+            columns = trim_rows(columns, max_rows)
+            token_ids = token_ids[:max_rows]
+        top_ids = unpack_int32(columns.top_token_ids).tolist()
+        return wire.TokenLogprobs(
+            request_id=entry.request_id, is_prompt=entry.is_prompt, columns=columns,
+            token_strings=pack_strings(self.codec.token_strings(token_ids.tolist())),
+            top_token_strings=pack_strings(self.codec.token_strings(top_ids)))
+
+    async def _abort_in_engine(self, engine_id: str, request_ids: list[str]) -> None:
+        await self.connected_bus.publish(
+            self.subjects.engine_abort(engine_id),
+            wire.AbortRequest(request_ids=request_ids, reason=FinishReason.STOP))
+
+    async def on_release(self, request: wire.ReleaseRequest) -> None:
+        for request_id in request.request_ids:
+            self.states.pop(request_id, None)
+
+    async def _expire_states_loop(self) -> None:
+        """Drops state of requests that never produced output (their gateway or engine died
+        before the first token), so a lost request cannot leak memory here."""
+        ttl = self.settings.detokenizer_state_ttl_s
+        while True:
+            await asyncio.sleep(min(ttl, 60.0))
+            now = time.monotonic()
+            expired = [rid for rid, s in self.states.items()
+                       if not s.has_output and now - s.registered_at > ttl]
+            for request_id in expired:
+                del self.states[request_id]
+            if expired:
+                self.log.warning("dropped detokenizer state of silent requests", count=len(expired))
+
+
+def trim_rows(columns: wire.LogprobColumns, rows: int) -> wire.LogprobColumns:
+    top = columns.num_top
+    return wire.LogprobColumns(
+        token_ids=columns.token_ids[:4 * rows], logprobs=columns.logprobs[:4 * rows],
+        num_top=top, top_token_ids=columns.top_token_ids[:4 * rows * top],
+        top_logprobs=columns.top_logprobs[:4 * rows * top])

@@ -1,0 +1,13 @@
+"""The tokenizer's settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.common.settings import CommonSettings, ModelSettings, setting
+
+
+@dataclass
+class TokenizerSettings(CommonSettings, ModelSettings):
+    detokenizer_state_ttl_s: float = setting(
+        900.0, "Drop the detokenizer state of a request that got no output for this long")
