@@ -19,8 +19,15 @@ def configure_logging(service: str, instance_id: str, level: str = "info",
     renderer = (structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
                 if log_format == "console" else structlog.processors.JSONRenderer())
     numeric_level = logging.getLevelName(level.upper())
+    def add_identity(_: object, __: str, event: dict) -> dict:
+        # A processor, not a contextvar: lines logged from worker threads carry it too.
+        event.setdefault("service", service)
+        event.setdefault("instance", instance_id)
+        return event
+
     structlog.configure(
         processors=[
+            add_identity,
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
@@ -34,5 +41,4 @@ def configure_logging(service: str, instance_id: str, level: str = "info",
     # Libraries that use stdlib logging (uvicorn, nats) go to the same stream.
     logging.basicConfig(level=max(numeric_level, logging.WARNING), stream=sys.stderr,
                         format=f"%(asctime)s {service} %(name)s %(levelname)s %(message)s")
-    structlog.contextvars.bind_contextvars(service=service, instance=instance_id)
     return structlog.get_logger(service)

@@ -1,0 +1,253 @@
+"""`llm-mesh up`: the whole mesh on one machine, one process per service.
+
+Starts an embedded nats-server unless --nats-url names one, prepares the model once
+(a GGUF is converted on first use), starts tokenizer, scheduler, worker and gateway as
+child processes, restarts a child that crashes, and on Ctrl-C / SIGTERM stops them all,
+gateway first, leaving no process behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from llm_mesh.embedded import EmbeddedNats, free_port
+from services.common.logs import configure_logging
+from services.common.model_files import resolve_model
+from services.common.settings import add_arguments, flag_name, setting
+from services.gateway.settings import GatewaySettings
+from services.scheduler.settings import SchedulerSettings
+from services.tokenizer.settings import TokenizerSettings
+from services.worker.settings import WorkerSettings
+
+log = structlog.get_logger("llm-mesh")
+
+# Order matters for shutdown: the gateway stops first so no new work comes in.
+SERVICES: dict[str, type] = {
+    "gateway": GatewaySettings,
+    "tokenizer": TokenizerSettings,
+    "scheduler": SchedulerSettings,
+    "worker": WorkerSettings,
+}
+# Set per child by the launcher, never passed through from the command line.
+_MANAGED = {"nats_url", "health_port", "instance_id"}
+_MAX_RESTARTS_PER_MINUTE = 5
+
+
+@dataclass
+class UpSettings:
+    nats_url: str = setting("", "Use this NATS server instead of starting one", secret=True)
+    startup_timeout_s: float = setting(600.0, "Longest to wait for the mesh to be ready")
+
+
+def up_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="llm-mesh up", description="Start the whole mesh on this machine: NATS, "
+        "tokenizer, scheduler, worker and the OpenAI-compatible gateway.")
+    seen = set(_MANAGED - {"nats_url"})
+    add_arguments(parser, UpSettings, seen)
+    for cls in SERVICES.values():
+        add_arguments(parser, cls, seen)
+    return parser
+
+
+def service_argv(service: str, explicit: dict[str, Any]) -> list[str]:
+    """The flags the user gave that `service` declares."""
+    names = {f.name for f in dataclasses.fields(SERVICES[service])} - _MANAGED
+    argv: list[str] = []
+    for name, value in explicit.items():
+        if name not in names:
+            continue
+        if isinstance(value, bool):
+            argv.append(flag_name(name) if value else "--no-" + flag_name(name)[2:])
+        elif isinstance(value, list):
+            for item in value:
+                argv += [flag_name(name), str(item)]
+        else:
+            argv += [flag_name(name), str(value)]
+    return argv
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    health_port: int
+    process: subprocess.Popen | None = None
+    restarts: list[float] = field(default_factory=list)
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", f"services.{self.name}", *self.argv,
+             "--health-port", str(self.health_port)],
+            start_new_session=True, preexec_fn=_die_with_parent)
+
+    def exited(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+
+def _die_with_parent() -> None:
+    """Children get SIGTERM if the launcher itself is killed (Linux PR_SET_PDEATHSIG)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+class Mesh:
+    def __init__(self, explicit: dict[str, Any]) -> None:
+        self.explicit = explicit
+        self.up = UpSettings(**{k: v for k, v in explicit.items()
+                                if k in {f.name for f in dataclasses.fields(UpSettings)}})
+        self.nats: EmbeddedNats | None = None
+        self.children: list[Child] = []
+        self._stopping = False
+
+    def run(self) -> int:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._on_signal)
+        try:
+            self._start()
+            if not self._wait_until_ready():
+                return 1
+            self._supervise()
+            return 0
+        finally:
+            self.stop()
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        if not self._stopping:
+            log.info("stopping the mesh", signal=signal.Signals(signum).name)
+        self._stopping = True
+
+    def _start(self) -> None:
+        nats_url = self.up.nats_url
+        if not nats_url:
+            self.nats = EmbeddedNats().start()
+            nats_url = self.nats.url
+            log.info("embedded NATS started", url=nats_url)
+        # Convert the model once here, so the services don't race to do it.
+        files = resolve_model(self.explicit.get("model", ""))
+        log.info("model ready", model=files.served_name, files=str(files.hf_dir))
+        for name in SERVICES:
+            argv = service_argv(name, self.explicit) + ["--nats-url", nats_url]
+            child = Child(name, argv, free_port())
+            child.start()
+            self.children.append(child)
+            log.info("started service", service=name, pid=child.process.pid,
+                     health=f"http://127.0.0.1:{child.health_port}/ready")
+
+    def _gateway_url(self) -> str:
+        host = self.explicit.get("host", GatewaySettings.host)
+        port = self.explicit.get("port", GatewaySettings.port)
+        return f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
+
+    def _wait_until_ready(self) -> bool:
+        deadline = time.monotonic() + self.up.startup_timeout_s
+        last_detail = None
+        while not self._stopping and time.monotonic() < deadline:
+            for child in self.children:
+                if child.exited() is not None:
+                    log.error("service exited during start-up; see its log above",
+                              service=child.name, code=child.exited())
+                    return False
+            ok, detail = _mesh_health(self._gateway_url())
+            if ok:
+                url = self._gateway_url()
+                log.info("mesh ready", api=f"{url}/v1", health=f"{url}/health",
+                         try_it=f"curl {url}/v1/chat/completions -H 'Content-Type: "
+                                f"application/json' -d '{{\"model\": \"{_model_name(self.explicit)}\", "
+                                f"\"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}]}}'")
+                return True
+            if detail != last_detail and detail:
+                log.info("waiting for the mesh", services=detail)
+                last_detail = detail
+            time.sleep(0.25)
+        if not self._stopping:
+            log.error("the mesh did not become ready in time",
+                      timeout_s=self.up.startup_timeout_s)
+        return False
+
+    def _supervise(self) -> None:
+        while not self._stopping:
+            for child in self.children:
+                code = child.exited()
+                if code is None or self._stopping:
+                    continue
+                now = time.monotonic()
+                child.restarts = [t for t in child.restarts if now - t < 60] + [now]
+                if len(child.restarts) > _MAX_RESTARTS_PER_MINUTE:
+                    log.error("service keeps crashing; stopping the mesh", service=child.name)
+                    self._stopping = True
+                    break
+                log.warning("service exited; restarting it", service=child.name, code=code)
+                child.start()
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        self._stopping = True
+        for child in self.children:  # gateway first: no new work while the rest drain
+            _terminate(child)
+        for child in self.children:
+            _reap(child)
+        if self.nats is not None:
+            self.nats.stop()
+        log.info("mesh stopped")
+
+
+def _terminate(child: Child) -> None:
+    if child.process is not None and child.process.poll() is None:
+        child.process.send_signal(signal.SIGTERM)
+
+
+def _reap(child: Child, timeout_s: float = 40.0) -> None:
+    if child.process is None:
+        return
+    try:
+        child.process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        log.warning("service did not stop in time; killing it", service=child.name)
+        child.process.kill()
+        child.process.wait()
+
+
+def _mesh_health(base_url: str) -> tuple[bool, str]:
+    try:
+        with urllib.request.urlopen(f"{base_url}/health", timeout=2) as response:
+            return response.status == 200, ""
+    except urllib.error.HTTPError as exc:
+        try:
+            services = json.loads(exc.read()).get("services", {})
+        except (ValueError, AttributeError):
+            services = {}
+        return False, ", ".join(f"{k}: {v}" for k, v in services.items())
+    except OSError:
+        return False, "gateway starting"
+
+
+def _model_name(explicit: dict[str, Any]) -> str:
+    if explicit.get("served_model_name"):
+        return explicit["served_model_name"]
+    return resolve_model(explicit.get("model", "")).served_name
+
+
+def main(argv: Sequence[str]) -> int:
+    explicit = vars(up_parser().parse_args(argv))
+    configure_logging("llm-mesh", "launcher", explicit.get("log_level", "info"),
+                      explicit.get("log_format", "auto"))
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    return Mesh(explicit).run()

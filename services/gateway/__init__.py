@@ -1,0 +1,1 @@
+"""The gateway: the OpenAI-compatible HTTP API in front of the mesh."""

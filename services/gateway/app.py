@@ -1,0 +1,167 @@
+"""The FastAPI app: routes, auth, body limits and OpenAI-style errors."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+from typing import Any, TypeVar
+
+import structlog
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from services.common import wire
+from services.common.bus import BusError
+from services.common.packing import pack_int32, unpack_int32
+from services.gateway.chat import chat_prompt, create_chat_completion
+from services.gateway.completions import create_completion
+from services.gateway.context import GatewayContext
+from services.gateway.errors import ApiError, invalid
+from services.gateway.protocol import (ChatCompletionRequest, CompletionRequest,
+                                       DetokenizeRequest, TokenizeRequest)
+
+log = structlog.get_logger(__name__)
+M = TypeVar("M", bound=BaseModel)
+VERSION = "0.1.0"
+_OPEN_PATHS = {"/health", "/ready", "/version", "/metrics"}
+
+
+async def parse_body(request: Request, model: type[M], max_bytes: int) -> M:
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > max_bytes:
+        raise ApiError(413, f"request body is larger than {max_bytes} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise ApiError(413, f"request body is larger than {max_bytes} bytes")
+        chunks.append(chunk)
+    try:
+        data = json.loads(b"".join(chunks))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise invalid(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise invalid("the request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first["loc"]) or None
+        raise invalid(f"{param}: {first['msg']}" if param else first["msg"], param=param) from None
+
+
+def create_app(ctx: GatewayContext, registry: CollectorRegistry) -> FastAPI:
+    app = FastAPI(title="LLM Mesh", version=VERSION, docs_url=None, redoc_url=None)
+    settings = ctx.settings
+    keys = [k.encode() for k in settings.api_key]
+
+    @app.middleware("http")
+    async def authenticate(request: Request, call_next: Any) -> Response:
+        if keys and request.url.path not in _OPEN_PATHS:
+            header = request.headers.get("authorization", "")
+            token = header[7:].encode() if header.lower().startswith("bearer ") else b""
+            if not any(hmac.compare_digest(token, k) for k in keys):
+                return ApiError(401, "invalid or missing API key (send Authorization: "
+                                     "Bearer <key>)", code="invalid_api_key").response()
+        return await call_next(request)
+
+    @app.exception_handler(ApiError)
+    async def on_api_error(_: Request, exc: ApiError) -> Response:
+        return exc.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(_: Request, exc: StarletteHTTPException) -> Response:
+        return ApiError(exc.status_code, str(exc.detail)).response()
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(_: Request, exc: Exception) -> Response:
+        log.exception("request failed", error=str(exc))
+        return ApiError(500, "internal error; see the gateway log").response()
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": 0, "owned_by": "llm-mesh",
+             "root": name, "max_model_len": max_len}
+            for name, max_len in sorted(ctx.view.models().items())]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        body = await parse_body(request, CompletionRequest, settings.max_body_bytes)
+        return await create_completion(body, ctx, request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        body = await parse_body(request, ChatCompletionRequest, settings.max_body_bytes)
+        return await create_chat_completion(body, ctx, request)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict[str, Any]:
+        body = await parse_body(request, TokenizeRequest, settings.max_body_bytes)
+        message = wire.EncodeRequest(add_special_tokens=body.add_special_tokens,
+                                     return_token_strings=body.return_token_strs)
+        if body.messages is not None:
+            prompt = chat_prompt(ChatCompletionRequest(model=body.model or "",
+                                                       messages=body.messages))
+            assert prompt.chat is not None
+            message.chat = prompt.chat
+            message.add_generation_prompt = body.add_generation_prompt
+            message.continue_final_message = body.continue_final_message
+        elif body.prompt is not None:
+            message.prompt = body.prompt
+        else:
+            raise invalid("set prompt or messages", param="prompt")
+        reply = await ctx.client.encode(message)
+        tokens = unpack_int32(reply.token_ids).tolist()
+        result: dict[str, Any] = {"count": len(tokens), "tokens": tokens,
+                                  "max_model_len": max(ctx.view.models().values(), default=0)}
+        if body.return_token_strs:
+            result["token_strs"] = reply.token_strings
+        return result
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> dict[str, Any]:
+        body = await parse_body(request, DetokenizeRequest, settings.max_body_bytes)
+        return {"prompt": await ctx.client.detokenize(pack_int32(body.tokens))}
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> Response:
+        return await _reset_prefix_cache(ctx)
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": VERSION}
+
+    @app.get("/health")
+    async def health() -> Response:
+        ok, detail = ctx.view.health()
+        return JSONResponse({"status": "ok" if ok else "unavailable", "services": detail},
+                            status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+async def _reset_prefix_cache(ctx: GatewayContext) -> Response:
+    engines = ctx.view.ready_engines()
+    if not engines:
+        raise ApiError(503, "no engine is ready", code="engine_unavailable", retry_after_s=1)
+
+    async def reset(engine_id: str) -> str:
+        try:
+            reply = await ctx.client.admin(engine_id, "reset_prefix_cache")
+        except BusError as exc:
+            return f"{engine_id}: {exc}"
+        return "" if reply.ok else f"{engine_id}: {reply.error}"
+
+    errors = [e for e in await asyncio.gather(*(reset(e.engine_id) for e in engines)) if e]
+    if errors:
+        raise ApiError(503, "; ".join(errors), code="reset_failed", retry_after_s=1)
+    return Response(status_code=200)

@@ -1,0 +1,174 @@
+"""One HTTP request's generations: pick an engine, encode each prompt, check the context
+length, submit every choice, then hand out their text deltas until all have finished.
+Whatever way the HTTP request ends, `close()` aborts the choices still running."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from services.common import wire
+from services.common.packing import unpack_int32
+from services.gateway.errors import ApiError, context_length_exceeded, unavailable
+from services.gateway.mesh_client import Generation, MeshClient, TextDelta
+from services.gateway.mesh_view import EngineView, MeshView
+
+
+@dataclass
+class PromptInput:
+    """What to encode for one prompt: the EncodeRequest fields of its `input` oneof."""
+    prompt: str | None = None
+    chat: wire.ChatMessages | None = None
+    token_ids: bytes | None = None
+    add_generation_prompt: bool = False
+    continue_final_message: bool = False
+    add_special_tokens: bool = True
+    chat_template: str = ""
+    chat_template_kwargs_json: str = ""
+
+
+@dataclass
+class EncodedPrompt:
+    token_ids: bytes
+    num_tokens: int
+    tokenizer_id: str
+    request_ids: list[str]
+
+
+@dataclass
+class GenerationPlan:
+    model: str
+    prompts: list[PromptInput]
+    n: int
+    max_tokens: int | None                       # None: up to the context length
+    make_sampling: Callable[[int, int | None], wire.SamplingParams]  # (max_tokens, seed)
+    make_detokenize: Callable[[str], wire.DetokenizeParams]         # (engine id)
+    seed: int | None
+    priority: int = 0
+    cache_salt: str = ""
+    max_tokens_param: str = "max_tokens"
+
+
+def new_request_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+@dataclass
+class GenerationRun:
+    client: MeshClient
+    view: MeshView
+    request_id: str
+    request_timeout_s: float
+    engine: EngineView | None = None
+    prompts: list[EncodedPrompt] = field(default_factory=list)
+    generations: list[Generation] = field(default_factory=list)
+    created: int = field(default_factory=lambda: int(time.time()))
+    _queue: asyncio.Queue[TextDelta] = field(default_factory=asyncio.Queue)
+
+    async def start(self, plan: GenerationPlan) -> None:
+        self.engine = self._pick_engine(plan.model)
+        encoded = await asyncio.gather(*(self._encode(plan, p, i)
+                                         for i, p in enumerate(plan.prompts)),
+                                       return_exceptions=True)
+        self.prompts = [e for e in encoded if isinstance(e, EncodedPrompt)]
+        errors = [e for e in encoded if isinstance(e, BaseException)]
+        if errors:
+            await self._release_all()
+            raise errors[0]
+        try:
+            requests = self._generate_requests(plan)
+        except ApiError:
+            await self._release_all()
+            raise
+        results = await asyncio.gather(
+            *(self.client.submit(self.engine, request, index, self._queue)
+              for index, request in enumerate(requests)), return_exceptions=True)
+        self.generations = [r for r in results if isinstance(r, Generation)]
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            await self.close()
+            await self._release_all()
+            raise failures[0]
+
+    def _pick_engine(self, model: str) -> EngineView:
+        engine = self.view.pick_engine(model)
+        if engine is not None:
+            return engine
+        models = self.view.models()
+        if models:
+            raise ApiError(404, f"The model `{model}` does not exist.", param="model",
+                           code="model_not_found")
+        raise unavailable("no engine is ready yet; retry shortly", code="engine_unavailable")
+
+    async def _encode(self, plan: GenerationPlan, prompt: PromptInput,
+                      prompt_index: int) -> EncodedPrompt:
+        assert self.engine is not None
+        child_ids = [f"{self.request_id}-{prompt_index}-{i}" for i in range(plan.n)]
+        request = wire.EncodeRequest(
+            add_generation_prompt=prompt.add_generation_prompt,
+            continue_final_message=prompt.continue_final_message,
+            add_special_tokens=prompt.add_special_tokens, chat_template=prompt.chat_template,
+            chat_template_kwargs_json=prompt.chat_template_kwargs_json,
+            request_ids=child_ids, detokenize=plan.make_detokenize(self.engine.engine_id))
+        if prompt.chat is not None:
+            request.chat = prompt.chat
+        elif prompt.token_ids is not None:
+            request.prompt_token_ids = prompt.token_ids
+        else:
+            request.prompt = prompt.prompt or ""
+        reply = await self.client.encode(request)
+        return EncodedPrompt(reply.token_ids, len(reply.token_ids) // 4, reply.tokenizer_id,
+                             child_ids)
+
+    def _generate_requests(self, plan: GenerationPlan) -> list[wire.GenerateRequest]:
+        assert self.engine is not None
+        max_len = self.engine.max_model_len
+        requests = []
+        for prompt in self.prompts:
+            if prompt.num_tokens == 0:
+                raise ApiError(400, "the prompt is empty", param="prompt")
+            max_tokens = plan.max_tokens
+            if max_tokens is None:
+                max_tokens = max_len - prompt.num_tokens
+            if max_tokens < 1 or prompt.num_tokens + max_tokens > max_len:
+                raise context_length_exceeded(max_len, prompt.num_tokens, max(max_tokens, 1),
+                                              plan.max_tokens_param)
+            for i, child_id in enumerate(prompt.request_ids):
+                seed = None if plan.seed is None else plan.seed + i
+                requests.append(wire.GenerateRequest(
+                    request_id=child_id, prompt_token_ids=prompt.token_ids,
+                    sampling=plan.make_sampling(max_tokens, seed), priority=plan.priority,
+                    cache_salt=plan.cache_salt, tokenizer_id=prompt.tokenizer_id,
+                    arrival_time=time.time()))
+        return requests
+
+    async def deltas(self) -> AsyncIterator[TextDelta]:
+        """Every choice's deltas, in arrival order, until all have finished."""
+        remaining = len(self.generations)
+        while remaining:
+            try:
+                delta = await asyncio.wait_for(self._queue.get(), self.request_timeout_s)
+            except asyncio.TimeoutError:
+                raise unavailable(f"no output for {self.request_timeout_s:.0f} s; the request "
+                                  f"was aborted", code="timeout") from None
+            if delta.finish is not None:
+                remaining -= 1
+            yield delta
+
+    def prompt_token_ids(self, prompt_index: int) -> list[int]:
+        return unpack_int32(self.prompts[prompt_index].token_ids).tolist()
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(p.num_tokens for p in self.prompts)
+
+    async def close(self) -> None:
+        """Aborts every choice still running (client gone, error, timeout)."""
+        await self.client.abort(self.generations)
+
+    async def _release_all(self) -> None:
+        for prompt in self.prompts:
+            await self.client.release(prompt.tokenizer_id, prompt.request_ids)

@@ -1,0 +1,106 @@
+"""What the gateway knows of the mesh, from heartbeats: which tokenizers and engines are
+alive and ready, which models they serve, and how loaded each engine is."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from services.common import wire
+
+SERVICE_KINDS = ("tokenizer", "scheduler", "worker")
+
+
+@dataclass
+class Instance:
+    service: str
+    instance_id: str
+    ready: bool
+    reason: str
+    last_seen: float
+    engine_id: str = ""
+    engine: wire.EngineInfo | None = None
+
+
+@dataclass
+class EngineView:
+    engine_id: str
+    scheduler_id: str
+    model: str
+    max_model_len: int
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    in_flight_here: int = 0      # requests this gateway sent and that have not finished
+
+    @property
+    def load(self) -> float:
+        return self.num_running + self.num_waiting + self.in_flight_here
+
+
+@dataclass
+class MeshView:
+    stale_after_s: float
+    instances: dict[str, Instance] = field(default_factory=dict)
+    in_flight: dict[str, int] = field(default_factory=dict)   # engine id -> requests
+    clock: Callable[[], float] = time.monotonic
+
+    def on_heartbeat(self, beat: wire.Heartbeat) -> None:
+        self.instances[beat.instance_id] = Instance(
+            service=beat.service, instance_id=beat.instance_id, ready=beat.ready,
+            reason=beat.reason, last_seen=self.clock(), engine_id=beat.engine_id,
+            engine=beat.engine if beat.service == "scheduler" else None)
+
+    def sweep(self) -> list[Instance]:
+        """Forgets instances whose heartbeat stopped; returns them."""
+        now = self.clock()
+        gone = [i for i in self.instances.values() if now - i.last_seen > self.stale_after_s]
+        for instance in gone:
+            del self.instances[instance.instance_id]
+        return gone
+
+    def is_alive(self, instance_id: str) -> bool:
+        return instance_id in self.instances
+
+    def ready_engines(self, model: str | None = None) -> list[EngineView]:
+        engines = []
+        for inst in self.instances.values():
+            info = inst.engine
+            if inst.service != "scheduler" or not inst.ready or info is None:
+                continue
+            if model is not None and info.model != model:
+                continue
+            engines.append(EngineView(
+                engine_id=inst.engine_id, scheduler_id=inst.instance_id, model=info.model, max_model_len=info.max_model_len,
+                num_running=info.num_running, num_waiting=info.num_waiting,
+                kv_cache_usage=info.kv_cache_usage,
+                in_flight_here=self.in_flight.get(inst.engine_id, 0)))
+        return engines
+
+    def models(self) -> dict[str, int]:
+        """Served model name -> its max_model_len, over ready engines."""
+        return {e.model: e.max_model_len for e in self.ready_engines()}
+
+    def pick_engine(self, model: str) -> EngineView | None:
+        """The least-loaded ready engine serving `model`."""
+        engines = self.ready_engines(model)
+        return min(engines, key=lambda e: (e.load, e.engine_id)) if engines else None
+
+    def health(self) -> tuple[bool, dict[str, str]]:
+        """Ready when at least one tokenizer and one engine (scheduler + worker) are ready."""
+        detail: dict[str, str] = {}
+        for kind in SERVICE_KINDS:
+            members = [i for i in self.instances.values() if i.service == kind]
+            ready = [i for i in members if i.ready]
+            if ready:
+                detail[kind] = f"{len(ready)} ready"
+            elif members:
+                detail[kind] = "not ready: " + "; ".join(sorted({i.reason for i in members}))
+            else:
+                detail[kind] = "none running"
+        ok = all(v.endswith(" ready") and not v.startswith("not") for v in detail.values())
+        return ok, detail
+
+    def track(self, engine_id: str, delta: int) -> None:
+        self.in_flight[engine_id] = max(0, self.in_flight.get(engine_id, 0) + delta)

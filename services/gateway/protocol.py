@@ -1,0 +1,133 @@
+"""Request bodies of the OpenAI-compatible API (plus vLLM's extra sampling fields).
+
+Unknown fields are ignored, as vLLM does, so clients that send newer fields keep working;
+fields we cannot honour yet (e.g. `suffix`, tools) are refused with a 400 in validation.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+Stop = str | list[str] | None
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class SamplingFields(BaseModel):
+    """Fields shared by completions and chat completions."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    n: int = Field(1, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    seed: int | None = Field(None, ge=-(2**63), lt=2**63)
+    stop: Stop = None
+    stop_token_ids: list[int] | None = None
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    min_tokens: int = Field(0, ge=0)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    priority: int = 0
+    cache_salt: str | None = None
+    prompt_logprobs: int | None = Field(None, ge=0)
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings(cls, value: Stop) -> Stop:
+        items = [value] if isinstance(value, str) else (value or [])
+        if any(not s for s in items):
+            raise ValueError("stop strings must not be empty")
+        return value
+
+    def stop_list(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+
+Prompt = str | list[str] | list[int] | list[list[int]]
+
+
+class CompletionRequest(SamplingFields):
+    prompt: Prompt
+    max_tokens: int | None = Field(16, ge=1)
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0)
+    best_of: int | None = Field(None, ge=1)
+    suffix: str | None = None
+    add_special_tokens: bool = True
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        texts = []
+        for part in self.content:
+            if part.type != "text":
+                raise ValueError(f"content part type {part.type!r} is not supported; "
+                                 f"send text parts")
+            texts.append(part.text or "")
+        return "".join(texts)
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0)
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_special_tokens: bool = False
+
+
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    tokens: list[int]

@@ -1,0 +1,23 @@
+"""The gateway's settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.common.settings import CommonSettings, setting
+
+
+@dataclass
+class GatewaySettings(CommonSettings):
+    host: str = setting("127.0.0.1", "HTTP bind address of the OpenAI-compatible API")
+    port: int = setting(8000, "HTTP port of the OpenAI-compatible API")
+    api_key: list[str] = setting([], "Accepted API keys (repeat the flag for several; none: "
+                                 "no auth)", secret=True)
+    max_body_bytes: int = setting(8 * 1024 * 1024, "Largest request body accepted (413 beyond)")
+    max_n: int = setting(64, "Largest `n` (samples per prompt) accepted")
+    max_logprobs: int = setting(20, "Largest number of top logprobs accepted")
+    max_stop_strings: int = setting(64, "Most stop strings one request may set")
+    request_timeout_s: float = setting(600.0, "Longest a request may wait for its next token")
+    instance_timeout_s: float = setting(
+        3.5, "A service whose heartbeat is older than this is gone; its requests fail")
+    tokenizer_timeout_s: float = setting(10.0, "Longest to wait for a tokenizer's answer")

@@ -1,0 +1,127 @@
+"""Publishes each step's token deltas: one RequestDeltaBatch per tokenizer instance."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from services.common import wire
+from services.common.bus import Bus
+from services.common.packing import (FLOAT32, INT32, pack_int32, pack_strings, pack_uint8,
+                                     unpack_int32)
+from services.common.subjects import Subjects
+from services.scheduler.core.output import EngineCoreOutput
+from services.scheduler.core.request import Request
+
+_NO_FINISH = wire.FinishReason.NONE
+
+
+@dataclass
+class _TokenizerBatch:
+    request_ids: list[str] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    new_token_ids: list[int] = field(default_factory=list)
+    finish_reasons: list[int] = field(default_factory=list)
+    num_cached_tokens: list[int] = field(default_factory=list)
+    finished: list[wire.FinishInfo] = field(default_factory=list)
+    logprobs: list[wire.RequestLogprobs] = field(default_factory=list)
+
+    def add(self, request_id: str, token_ids: list[int], finish: int, num_cached: int) -> None:
+        self.request_ids.append(request_id)
+        self.num_new_tokens.append(len(token_ids))
+        self.new_token_ids.extend(token_ids)
+        self.finish_reasons.append(finish)
+        self.num_cached_tokens.append(num_cached)
+
+
+class DeltaPublisher:
+    def __init__(self, bus: Bus, subjects: Subjects, engine_id: str) -> None:
+        self._bus = bus
+        self._subjects = subjects
+        self._engine_id = engine_id
+        self._step = 0
+
+    async def publish(self, outputs: list[EngineCoreOutput], step_output: wire.StepOutput,
+                      tokenizer_of: Mapping[str, str],
+                      request_id_of_handle: Mapping[int, str]) -> None:
+        batches: dict[str, _TokenizerBatch] = defaultdict(_TokenizerBatch)
+        seen: set[str] = set()
+        for out in outputs:
+            tokenizer_id = tokenizer_of.get(out.request_id)
+            if tokenizer_id is None:
+                continue
+            batch = batches[tokenizer_id]
+            finish = _NO_FINISH if out.finish_reason is None else int(out.finish_reason)
+            batch.add(out.request_id, out.new_token_ids, finish, out.num_cached_tokens)
+            seen.add(out.request_id)
+            if out.finish_reason is not None:
+                batch.finished.append(wire.FinishInfo(
+                    request_id=out.request_id, finish_reason=wire.FinishReason(finish),
+                    stop_token_id=out.stop_token_id, num_prompt_tokens=out.num_prompt_tokens,
+                    num_cached_tokens=out.num_cached_tokens,
+                    num_output_tokens=out.num_output_tokens))
+        for request_id, entry in _logprob_entries(step_output, request_id_of_handle):
+            tokenizer_id = tokenizer_of.get(request_id)
+            if tokenizer_id is None:
+                continue
+            batch = batches[tokenizer_id]
+            if request_id not in seen:  # a prefill chunk's prompt logprobs: no token yet
+                batch.add(request_id, [], _NO_FINISH, 0)
+                seen.add(request_id)
+            batch.logprobs.append(entry)
+        await self._send(batches)
+
+    async def publish_errors(self, requests: Iterable[Request], reason: str,
+                             tokenizer_of: Mapping[str, str]) -> None:
+        batches: dict[str, _TokenizerBatch] = defaultdict(_TokenizerBatch)
+        for request in requests:
+            tokenizer_id = tokenizer_of.get(request.request_id)
+            if tokenizer_id is None:
+                continue
+            batch = batches[tokenizer_id]
+            batch.add(request.request_id, [], wire.FinishReason.ERROR, request.num_cached_tokens)
+            batch.finished.append(wire.FinishInfo(
+                request_id=request.request_id, finish_reason=wire.FinishReason.ERROR,
+                num_prompt_tokens=len(request.prompt_token_ids),
+                num_cached_tokens=request.num_cached_tokens,
+                num_output_tokens=request.num_output_tokens, error=reason))
+        await self._send(batches)
+
+    async def _send(self, batches: Mapping[str, _TokenizerBatch]) -> None:
+        self._step += 1
+        for tokenizer_id, b in batches.items():
+            await self._bus.publish(self._subjects.tokenizer_deltas(tokenizer_id),
+                                    wire.RequestDeltaBatch(
+                                        engine_id=self._engine_id, step=self._step,
+                                        request_ids=pack_strings(b.request_ids),
+                                        num_new_tokens=pack_int32(b.num_new_tokens),
+                                        new_token_ids=pack_int32(b.new_token_ids),
+                                        finish_reasons=pack_uint8(b.finish_reasons),
+                                        num_cached_tokens=pack_int32(b.num_cached_tokens),
+                                        finished=b.finished, logprobs=b.logprobs))
+
+
+def _logprob_entries(step_output: wire.StepOutput, request_id_of_handle: Mapping[int, str]
+                     ) -> Iterable[tuple[str, wire.RequestLogprobs]]:
+    """Splits the step's logprob columns into one entry per request."""
+    for chunk in step_output.prompt_logprobs:
+        request_id = request_id_of_handle.get(chunk.handle)
+        if request_id is not None:
+            yield request_id, wire.RequestLogprobs(request_id=request_id, is_prompt=True,
+                                                   columns=chunk.columns)
+    if not step_output.logprob_handles:
+        return
+    columns = step_output.logprobs
+    top = columns.num_top
+    row_bytes, top_bytes = INT32.itemsize, INT32.itemsize * top
+    assert FLOAT32.itemsize == INT32.itemsize
+    for row, handle in enumerate(unpack_int32(step_output.logprob_handles).tolist()):
+        request_id = request_id_of_handle.get(handle)
+        if request_id is None:
+            continue
+        one = slice(row * row_bytes, (row + 1) * row_bytes)
+        tops = slice(row * top_bytes, (row + 1) * top_bytes)
+        yield request_id, wire.RequestLogprobs(request_id=request_id, columns=wire.LogprobColumns(
+            token_ids=columns.token_ids[one], logprobs=columns.logprobs[one], num_top=top,
+            top_token_ids=columns.top_token_ids[tops], top_logprobs=columns.top_logprobs[tops]))

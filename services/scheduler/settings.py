@@ -1,0 +1,44 @@
+"""The scheduler's settings (flags keep vLLM's names where the concept is the same)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.common import wire
+from services.common.settings import CommonSettings, EngineSettings, setting
+from services.scheduler.core.config import SchedulerConfig
+
+
+@dataclass
+class SchedulerSettings(CommonSettings, EngineSettings):
+    enable_prefix_caching: bool = setting(True, "Reuse the KV of shared prompt prefixes")
+    prefix_caching_hash_algo: str = setting("sha256", "Block hash function",
+                                            choices=("sha256", "xxh3_128"))
+    long_prefill_token_threshold: int = setting(
+        0, "Most tokens one request may take in a step (0: no cap beyond the budget)")
+    scheduling_policy: str = setting("fcfs", "Which waiting request runs first",
+                                     choices=("fcfs", "priority"))
+    max_num_queued_reqs: int = setting(0, "Admission control: most waiting requests "
+                                       "(0: unbounded); beyond it clients get 503")
+    max_num_queued_tokens: int = setting(0, "Admission control: most waiting prompt tokens "
+                                         "(0: unbounded)")
+    worker_step_timeout_s: float = setting(600.0, "Longest one step may take on the worker")
+    worker_heartbeat_timeout_s: float = setting(
+        5.0, "Declare the worker lost after this long without its heartbeat")
+    stall_timeout_s: float = setting(
+        120.0, "Report not ready when no step completed for this long while work waits")
+
+    def scheduler_config(self, worker: wire.WorkerInfo) -> SchedulerConfig:
+        return SchedulerConfig(
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_model_len=worker.max_model_len,
+            block_size=worker.block_size,
+            enable_prefix_caching=self.enable_prefix_caching,
+            long_prefill_token_threshold=self.long_prefill_token_threshold,
+            policy=self.scheduling_policy,
+            max_num_queued_reqs=self.max_num_queued_reqs or None,
+            max_num_queued_tokens=self.max_num_queued_tokens or None,
+            num_gpu_blocks=worker.num_blocks,
+            hash_algo=self.prefix_caching_hash_algo,
+        )

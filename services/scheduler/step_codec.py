@@ -1,0 +1,36 @@
+"""SchedulerOutput -> wire.StepInput and wire.StepOutput -> RunnerOutput, column-wise."""
+
+from __future__ import annotations
+
+from itertools import chain
+
+from services.common import wire
+from services.common.packing import pack_int32, unpack_int32
+from services.scheduler.core.output import RunnerOutput, SchedulerOutput
+
+
+def encode_step_input(output: SchedulerOutput, reset: bool = False) -> wire.StepInput:
+    cached = output.cached
+    return wire.StepInput(
+        step=output.step,
+        new_requests=[
+            wire.NewRequestData(
+                handle=new.handle, request_id=new.request_id,
+                token_ids=pack_int32(new.token_ids), num_prompt_tokens=new.num_prompt_tokens,
+                block_ids=pack_int32(new.block_ids),
+                num_computed_tokens=new.num_computed_tokens, sampling=new.sampling)
+            for new in output.new_requests
+        ],
+        cached_handles=pack_int32(cached.handles),
+        cached_num_new_blocks=pack_int32([len(ids) for ids in cached.new_block_ids]),
+        cached_new_block_ids=pack_int32(list(chain.from_iterable(cached.new_block_ids))),
+        cached_num_computed_tokens=pack_int32(cached.num_computed_tokens),
+        num_scheduled_tokens=pack_int32(output.num_scheduled_tokens),
+        finished_handles=pack_int32(output.finished_handles),
+        reset=reset,
+    )
+
+
+def decode_step_output(message: wire.StepOutput) -> RunnerOutput:
+    return RunnerOutput(handles=unpack_int32(message.handles).tolist(),
+                        sampled_token_ids=unpack_int32(message.sampled_token_ids).tolist())
