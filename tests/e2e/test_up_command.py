@@ -1,0 +1,56 @@
+"""`llm-mesh up` as a user runs it: one command, a working API, and a clean stop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from llm_mesh.embedded import free_port
+from tests.mesh import REPO_ROOT, ENGINE_ARGS, http_get, http_post
+
+pytestmark = pytest.mark.slow
+
+
+def children_of(pid: int) -> set[int]:
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.add(int(stat.parent.name))
+    return found
+
+
+def test_up_serves_then_stops_every_process(tmp_path: Path) -> None:
+    port = free_port()
+    log = open(tmp_path / "up.log", "wb")
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "llm_mesh.cli", "up", "--port", str(port), "--log-format",
+         "json", *ENGINE_ARGS], cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + 240
+        while http_get(f"http://127.0.0.1:{port}/health")[0] != 200:
+            assert launcher.poll() is None, (tmp_path / "up.log").read_text()
+            assert time.monotonic() < deadline, (tmp_path / "up.log").read_text()
+            time.sleep(0.2)
+        children = children_of(launcher.pid)
+        assert len(children) == 5  # nats-server + four services
+        status, body = http_post(f"http://127.0.0.1:{port}/v1/completions",
+                                 {"model": "SmolLM2-135M-Instruct", "prompt": "Hello",
+                                  "max_tokens": 4, "temperature": 0})
+        assert status == 200 and body["usage"]["completion_tokens"] >= 1
+        assert b'"mesh ready"' in (tmp_path / "up.log").read_bytes()
+    finally:
+        launcher.send_signal(signal.SIGTERM)
+        code = launcher.wait(timeout=60)
+    assert code == 0, (tmp_path / "up.log").read_text()
+    assert all(not Path(f"/proc/{pid}").exists() for pid in children)
