@@ -1,0 +1,200 @@
+"""`llm-mesh bench serve`: options, the sweep loop, and the outputs.
+
+    llm-mesh bench serve --base-url http://127.0.0.1:8000 --workload random \
+        --input-len 256 --output-len 128 --num-prompts 200 --ignore-eos \
+        --sweep 1,4,16,inf --goodput ttft:500 tpot:50 --result-json r.json --plot r.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from llm_mesh.bench.metrics import BenchmarkMetrics, compute_metrics, parse_slos
+from llm_mesh.bench.openai_client import (ENDPOINT_PATHS, TRANSPORTS, OpenAIClient,
+                                          SamplingOptions, encode_body)
+from llm_mesh.bench.plot import write_plot
+from llm_mesh.bench.report import build_json, format_detail, format_sweep, write_json
+from llm_mesh.bench.runner import BenchmarkPoint, run_point
+from llm_mesh.bench.stream_parser import RequestResult
+from llm_mesh.bench.workloads import (WORKLOADS, PromptBuilder, WorkloadOptions, build_requests,
+                                      load_tokenizer, read_jsonl)
+
+USAGE = "llm-mesh bench serve [options]   (llm-mesh bench serve --help lists them)"
+DEFAULT_NUM_PROMPTS = 100
+WARMUP_SEED_OFFSET = 1_000_003  # warm-up prompts differ from every measured point's
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="llm-mesh bench serve",
+                                description="Load-test an OpenAI-compatible server.")
+    server = p.add_argument_group("server")
+    server.add_argument("--base-url", default="http://127.0.0.1:8000")
+    server.add_argument("--model", help="default: the first id of GET /v1/models")
+    server.add_argument("--endpoint", choices=tuple(ENDPOINT_PATHS), default="completions")
+    server.add_argument("--api-key", help="sent as a bearer token")
+    server.add_argument("--timeout", type=float, default=600.0, help="per request, seconds")
+    server.add_argument("--http-client", choices=tuple(TRANSPORTS), default="raw",
+                        help="raw: cheapest per chunk (default); httpx2: a full HTTP client")
+    load = p.add_argument_group("workload")
+    load.add_argument("--workload", choices=WORKLOADS, default="random")
+    load.add_argument("--dataset", type=Path, help="JSONL: {prompt, output_len} or {messages}")
+    load.add_argument("--tokenizer", help="local tokenizer dir (default: the embedded model's)")
+    load.add_argument("--num-prompts", type=int,
+                      help=f"per sweep point (default {DEFAULT_NUM_PROMPTS}; dataset: its size)")
+    load.add_argument("--input-len", type=int, default=256)
+    load.add_argument("--output-len", type=int, default=128)
+    load.add_argument("--prefix-len", type=int, default=1024, help="shared-prefix")
+    load.add_argument("--suffix-len", type=int, default=32, help="shared-prefix")
+    load.add_argument("--long-input-len", type=int, default=2000, help="mixed")
+    load.add_argument("--long-fraction", type=float, default=0.1, help="mixed")
+    load.add_argument("--ignore-eos", action="store_true", help="exact output lengths (vLLM)")
+    load.add_argument("--temperature", type=float, default=0.0)
+    load.add_argument("--seed", type=int, default=0)
+    traffic = p.add_argument_group("traffic")
+    traffic.add_argument("--request-rate", type=float, default=math.inf,
+                         help="requests/s, Poisson arrivals; inf sends all at once")
+    traffic.add_argument("--burstiness", type=float, default=1.0,
+                         help="gamma shape of arrivals: 1 = Poisson, <1 burstier")
+    traffic.add_argument("--max-concurrency", type=int, help="cap on requests in flight")
+    traffic.add_argument("--sweep", help='comma list, e.g. "1,2,4,8,inf": one run per value')
+    traffic.add_argument("--sweep-by", choices=("rate", "concurrency"), default="rate",
+                         help="what --sweep varies (default: the request rate)")
+    traffic.add_argument("--warmup", type=int, default=0, help="requests sent before measuring")
+    out = p.add_argument_group("output")
+    out.add_argument("--goodput", nargs="+", metavar="NAME:MS",
+                     help="SLOs, e.g. ttft:500 tpot:50 e2el:2000")
+    out.add_argument("--result-json", type=Path)
+    out.add_argument("--save-detailed", action="store_true", help="per-request rows in JSON")
+    out.add_argument("--plot", type=Path, help="PNG: throughput per device vs interactivity")
+    out.add_argument("--num-devices", type=int, default=1, help="divides throughput (per GPU/CPU)")
+    out.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def sweep_points(args: argparse.Namespace) -> list[BenchmarkPoint]:
+    if not args.sweep:
+        return [BenchmarkPoint(args.request_rate, args.max_concurrency)]
+    values = [float(v) for v in args.sweep.split(",") if v.strip()]
+    if not values or any(v <= 0 for v in values):
+        raise ValueError(f"--sweep {args.sweep!r}: values must be positive (or inf)")
+    if args.sweep_by == "rate":
+        return [BenchmarkPoint(v, args.max_concurrency) for v in values]
+    return [BenchmarkPoint(args.request_rate, None if math.isinf(v) else int(v)) for v in values]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    if args[0] != "serve":
+        print(f"unknown bench command {args[0]!r}\n{USAGE}", file=sys.stderr)
+        return 2
+    parser = build_parser()
+    options = parser.parse_args(args[1:])
+    try:
+        points = sweep_points(options)
+        slos = parse_slos(options.goodput)
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        return _run(bench_serve(options, points, slos))
+    except (OSError, ValueError) as exc:  # a bad --tokenizer or --dataset: one line, no trace
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _run(coro: Any) -> int:
+    try:
+        import uvloop  # NOTE: a faster loop keeps the client's own CPU cost down
+    except ImportError:
+        return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
+
+
+async def bench_serve(args: argparse.Namespace, points: list[BenchmarkPoint],
+                      slos: dict[str, float]) -> int:
+    started = time.time()
+    builder = PromptBuilder(load_tokenizer(args.tokenizer))
+    workload = WorkloadOptions(
+        kind=args.workload, is_chat=args.endpoint == "chat", input_len=args.input_len,
+        output_len=args.output_len, prefix_len=args.prefix_len, suffix_len=args.suffix_len,
+        long_input_len=args.long_input_len, long_fraction=args.long_fraction,
+        dataset=args.dataset)
+    num_prompts = args.num_prompts or _default_num_prompts(workload)
+    caps = [p.max_concurrency for p in points]
+    pool = num_prompts if None in caps else min(max(caps), num_prompts)  # type: ignore[type-var]
+    sampling = SamplingOptions(args.temperature, args.ignore_eos)
+    metrics: list[BenchmarkMetrics] = []
+    details: list[list[RequestResult]] = []
+    async with OpenAIClient(args.base_url, args.endpoint, args.api_key,
+                            max(pool, args.warmup, 1), args.timeout,
+                            args.http_client) as client:
+        try:
+            model = args.model or await client.first_model()
+        except Exception as exc:  # noqa: BLE001 — a clear line, not a traceback
+            print(f"error: cannot list the models at {args.base_url}: {exc!r}", file=sys.stderr)
+            return 1
+        print(f"benchmarking {model} at {args.base_url} ({args.endpoint}, {args.workload}, "
+              f"{num_prompts} prompts per point)", file=sys.stderr)
+        if args.warmup:
+            warm = build_requests(workload, builder, args.warmup, args.seed + WARMUP_SEED_OFFSET)
+            run = await run_point(client, [encode_body(s, model, args.endpoint, sampling)
+                                           for s in warm],
+                                  BenchmarkPoint(math.inf, points[0].max_concurrency),
+                                  show_progress=False)
+            print(f"warm-up: {sum(r.success for r in run.results)}/{args.warmup} succeeded",
+                  file=sys.stderr)
+        for i, point in enumerate(points):
+            # Fresh prompts per point: a prefix cache must not serve one point from another.
+            samples = build_requests(workload, builder, num_prompts, args.seed + i)
+            requests = [encode_body(s, model, args.endpoint, sampling) for s in samples]
+            run = await run_point(client, requests, point, args.burstiness, args.seed + i,
+                                  show_progress=not args.no_progress)
+            metrics.append(compute_metrics(run, slos))
+            details.append(run.results)
+            print(format_detail(metrics[-1], args.num_devices))
+            _warn_if_client_bound(run.client_cpu_s, run.duration_s)
+    if len(metrics) > 1:
+        print(format_sweep(metrics, args.num_devices))
+    config = _config(args, model, num_prompts, slos, started)
+    if args.result_json:
+        write_json(args.result_json,
+                   build_json(config, metrics, details if args.save_detailed else None))
+        print(f"wrote {args.result_json}", file=sys.stderr)
+    if args.plot:
+        write_plot(args.plot, metrics, args.num_devices,
+                   title=f"{model}: {args.workload} {args.input_len}/{args.output_len}")
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0 if all(m.completed for m in metrics) else 1
+
+
+def _default_num_prompts(workload: WorkloadOptions) -> int:
+    if workload.kind == "dataset" and workload.dataset is not None:
+        return len(read_jsonl(workload.dataset))
+    return DEFAULT_NUM_PROMPTS
+
+
+def _warn_if_client_bound(cpu_s: float, duration_s: float) -> None:
+    share = cpu_s / max(duration_s, 1e-9)
+    if share > 0.5:
+        print(f"warning: the benchmark client used {share:.0%} of a core; on a small machine "
+              f"it may be slowing the server it measures", file=sys.stderr)
+
+
+def _config(args: argparse.Namespace, model: str, num_prompts: int, slos: dict[str, float],
+            started: float) -> dict[str, Any]:
+    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    if config.get("api_key"):
+        config["api_key"] = "***"  # NOTE: result files get shared; keys must not travel
+    config.update(model=model, num_prompts=num_prompts, goodput=slos or None,
+                  started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)))
+    return config
