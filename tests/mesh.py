@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -127,14 +128,22 @@ class Mesh:
         return metric_value(body.decode(), name)
 
 
-def metric_value(text: str, name: str) -> float:
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of metric `name` whose labels include `labels`."""
     total, found = 0.0, False
     for line in text.splitlines():
-        if line.startswith(name) and (line[len(name)] in " {"):
-            total += float(line.rsplit(" ", 1)[1])
+        if line.startswith("#") or not line.startswith(name):
+            continue
+        head, value = line.rsplit(" ", 1)
+        sample, _, label_text = head.partition("{")
+        if sample != name:
+            continue
+        have = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', label_text))
+        if all(have.get(k) == v for k, v in labels.items()):
+            total += float(value)
             found = True
     if not found:
-        raise KeyError(f"metric {name} not exported")
+        raise KeyError(f"metric {name} {labels or ''} not exported")
     return total
 
 

@@ -74,5 +74,66 @@ class EngineMetrics:
                                              "Worker time inside one step",
                                              ENGINE_LABELS, buckets=STEP_BUCKETS,
                                              registry=registry)
+        self.step_messaging_time = Histogram(
+            "llm_mesh:step_messaging_seconds",
+            "Per step: worker round trip minus the worker's own time (NATS and serialization)",
+            ENGINE_LABELS, buckets=STEP_BUCKETS, registry=registry)
         self.admission_rejections = counter("llm_mesh:admission_rejections",
                                             "Requests refused because the queue was full")
+
+
+class GatewayMetrics:
+    """Request-level metrics as clients see them, on the gateway's /metrics."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        labels = ("model_name",)
+
+        def histogram(name: str, doc: str) -> Histogram:
+            return Histogram(name, doc, labels, buckets=LATENCY_BUCKETS, registry=registry)
+
+        self.time_to_first_token = histogram("vllm:time_to_first_token_seconds",
+                                             "Arrival at the gateway to first token")
+        self.inter_token_latency = histogram("vllm:inter_token_latency_seconds",
+                                             "Time between consecutive outputs of a request")
+        self.e2e_request_latency = histogram("vllm:e2e_request_latency_seconds",
+                                             "Arrival at the gateway to last output")
+        self.request_queue_time = histogram("vllm:request_queue_time_seconds",
+                                            "Time waiting in the engine before first scheduled")
+        self.request_prefill_time = histogram("vllm:request_prefill_time_seconds",
+                                              "First scheduled to first token, in the engine")
+        self.request_decode_time = histogram("vllm:request_decode_time_seconds",
+                                             "First token to last token, in the engine")
+        self.tokenize_time = histogram("llm_mesh:tokenize_seconds",
+                                       "Gateway wait for a tokenizer to encode a prompt")
+        self.detokenize_time = histogram("llm_mesh:detokenize_seconds",
+                                         "Tokenizer time spent detokenizing one request")
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens of finished requests",
+                                     labels, registry=registry)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated",
+                                         labels, registry=registry)
+        self.request_success = Counter("vllm:request_success", "Finished requests",
+                                       labels + ("finished_reason",), registry=registry)
+        self.rejections = Counter("llm_mesh:request_rejections",
+                                  "Requests answered with an error before or while running",
+                                  ("status", "code"), registry=registry)
+        self.instances_started = Counter("llm_mesh:service_instances_started",
+                                         "Service instances seen joining the mesh (restarts "
+                                         "show up as new instances)", ("service",),
+                                         registry=registry)
+        self.instances_lost = Counter("llm_mesh:service_instances_lost",
+                                      "Service instances whose heartbeat stopped",
+                                      ("service",), registry=registry)
+
+
+class TokenizerMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.encode_time = Histogram("llm_mesh:tokenizer_encode_seconds",
+                                     "Time to render and encode one prompt",
+                                     buckets=STEP_BUCKETS, registry=registry)
+        self.delta_batch_time = Histogram("llm_mesh:tokenizer_step_seconds",
+                                          "Time to detokenize one engine step's deltas and "
+                                          "publish the text", buckets=STEP_BUCKETS,
+                                          registry=registry)
+        self.detokenizer_states = Gauge("llm_mesh:tokenizer_requests",
+                                        "Requests holding detokenizer state here",
+                                        registry=registry)

@@ -71,6 +71,7 @@ def create_app(ctx: GatewayContext, registry: CollectorRegistry) -> FastAPI:
 
     @app.exception_handler(ApiError)
     async def on_api_error(_: Request, exc: ApiError) -> Response:
+        ctx.metrics.rejections.labels(str(exc.status), exc.code or "").inc()
         return exc.response()
 
     @app.exception_handler(StarletteHTTPException)

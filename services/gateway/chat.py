@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from services.common import wire
 from services.gateway.context import GatewayContext
 from services.gateway.errors import invalid
-from services.gateway.generation import GenerationPlan, GenerationRun, PromptInput, new_request_id
+from services.gateway.generation import GenerationPlan, PromptInput
 from services.gateway.logprobs import chat_logprob_entries, split_logprobs
 from services.gateway.protocol import ChatCompletionRequest
 from services.gateway.responses import (SSE_DONE, ChoiceState, error_of, finish_reason, sse,
@@ -41,8 +41,7 @@ class ChatCompletion:
     def __init__(self, body: ChatCompletionRequest, ctx: GatewayContext) -> None:
         self.body = body
         self.ctx = ctx
-        self.run = GenerationRun(ctx.client, ctx.view, new_request_id("chatcmpl"),
-                                 ctx.settings.request_timeout_s)
+        self.run = ctx.new_run("chatcmpl", body.model)
         self.num_logprobs = (body.top_logprobs or 0) if body.logprobs else None
 
     def plan(self) -> GenerationPlan:

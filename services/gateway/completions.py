@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from services.common.packing import pack_int32
 from services.gateway.context import GatewayContext
 from services.gateway.errors import invalid
-from services.gateway.generation import GenerationPlan, GenerationRun, PromptInput, new_request_id
+from services.gateway.generation import GenerationPlan, PromptInput
 from services.gateway.logprobs import CompletionLogprobs, split_logprobs
 from services.gateway.protocol import CompletionRequest
 from services.gateway.responses import (SSE_DONE, ChoiceState, error_of, finish_reason, sse,
@@ -42,8 +42,7 @@ class Completion:
     def __init__(self, body: CompletionRequest, ctx: GatewayContext) -> None:
         self.body = body
         self.ctx = ctx
-        self.run = GenerationRun(ctx.client, ctx.view, new_request_id("cmpl"),
-                                 ctx.settings.request_timeout_s)
+        self.run = ctx.new_run("cmpl", body.model)
         self.echo_logprobs = body.echo and body.logprobs is not None
         self.prompt_logprobs = body.prompt_logprobs
         if self.echo_logprobs and self.prompt_logprobs is None:

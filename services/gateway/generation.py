@@ -15,6 +15,7 @@ from services.common.packing import unpack_int32
 from services.gateway.errors import ApiError, context_length_exceeded, unavailable
 from services.gateway.mesh_client import Generation, MeshClient, TextDelta
 from services.gateway.mesh_view import EngineView, MeshView
+from services.gateway.request_stats import RequestTimer
 
 
 @dataclass
@@ -62,17 +63,23 @@ class GenerationRun:
     view: MeshView
     request_id: str
     request_timeout_s: float
+    timer: RequestTimer
     engine: EngineView | None = None
     prompts: list[EncodedPrompt] = field(default_factory=list)
     generations: list[Generation] = field(default_factory=list)
     created: int = field(default_factory=lambda: int(time.time()))
     _queue: asyncio.Queue[TextDelta] = field(default_factory=asyncio.Queue)
+    _num_tokens: dict[int, int] = field(default_factory=dict)   # choice index -> tokens
+    _n: int = 1
 
     async def start(self, plan: GenerationPlan) -> None:
+        self._n = plan.n
         self.engine = self._pick_engine(plan.model)
+        started = time.perf_counter()
         encoded = await asyncio.gather(*(self._encode(plan, p, i)
                                          for i, p in enumerate(plan.prompts)),
                                        return_exceptions=True)
+        self.timer.tokenized(time.perf_counter() - started)
         self.prompts = [e for e in encoded if isinstance(e, EncodedPrompt)]
         errors = [e for e in encoded if isinstance(e, BaseException)]
         if errors:
@@ -154,9 +161,18 @@ class GenerationRun:
             except asyncio.TimeoutError:
                 raise unavailable(f"no output for {self.request_timeout_s:.0f} s; the request "
                                   f"was aborted", code="timeout") from None
+            self._account(delta)
             if delta.finish is not None:
                 remaining -= 1
             yield delta
+
+    def _account(self, delta: TextDelta) -> None:
+        index = delta.index
+        self._num_tokens[index] = self._num_tokens.get(index, 0) + delta.num_new_tokens
+        self.timer.on_output(index, delta.num_new_tokens)
+        if delta.finish is not None:
+            self.timer.on_finished(index, self.generations[index].request_id, delta.finish,
+                                   self._num_tokens[index], count_prompt=index % self._n == 0)
 
     def prompt_token_ids(self, prompt_index: int) -> list[int]:
         return unpack_int32(self.prompts[prompt_index].token_ids).tolist()
@@ -167,6 +183,10 @@ class GenerationRun:
 
     async def close(self) -> None:
         """Aborts every choice still running (client gone, error, timeout)."""
+        for generation in self.generations:
+            if not generation.finished:
+                self.timer.on_aborted(generation.index, generation.request_id,
+                                      self._num_tokens.get(generation.index, 0))
         await self.client.abort(self.generations)
 
     async def _release_all(self) -> None:

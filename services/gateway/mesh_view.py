@@ -46,11 +46,14 @@ class MeshView:
     in_flight: dict[str, int] = field(default_factory=dict)   # engine id -> requests
     clock: Callable[[], float] = time.monotonic
 
-    def on_heartbeat(self, beat: wire.Heartbeat) -> None:
+    def on_heartbeat(self, beat: wire.Heartbeat) -> bool:
+        """Records a heartbeat; True when it comes from an instance not seen before."""
+        is_new = beat.instance_id not in self.instances
         self.instances[beat.instance_id] = Instance(
             service=beat.service, instance_id=beat.instance_id, ready=beat.ready,
             reason=beat.reason, last_seen=self.clock(), engine_id=beat.engine_id,
             engine=beat.engine if beat.service == "scheduler" else None)
+        return is_new
 
     def sweep(self) -> list[Instance]:
         """Forgets instances whose heartbeat stopped; returns them."""

@@ -10,9 +10,11 @@ from collections.abc import Iterator
 import uvicorn
 
 from services.common import wire
+from services.common.metrics import GatewayMetrics
 from services.common.service import Service
 from services.gateway.app import create_app
 from services.gateway.context import GatewayContext
+from services.gateway.engine_collector import EngineCollector
 from services.gateway.mesh_client import MeshClient
 from services.gateway.mesh_view import MeshView
 from services.gateway.settings import GatewaySettings
@@ -32,6 +34,8 @@ class GatewayService(Service):
         super().__init__(settings)
         self.settings: GatewaySettings = settings
         self.view = MeshView(stale_after_s=settings.instance_timeout_s)
+        self.metrics = GatewayMetrics(self.registry)
+        self.registry.register(EngineCollector(self.view))
         self.client: MeshClient | None = None
         self.server: _Server | None = None
         self._serving: asyncio.Task[None] | None = None
@@ -43,7 +47,8 @@ class GatewayService(Service):
         await self.client.start()
         await bus.subscribe(self.subjects.heartbeat, wire.Heartbeat, self._on_heartbeat)
         asyncio.create_task(self._sweep_loop())
-        app = create_app(GatewayContext(self.settings, self.client, self.view), self.registry)
+        app = create_app(GatewayContext(self.settings, self.client, self.view, self.metrics),
+                         self.registry)
         config = uvicorn.Config(app, host=self.settings.host, port=self.settings.port,
                                 log_level="warning", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=int(self.settings.drain_timeout_s))
@@ -58,13 +63,15 @@ class GatewayService(Service):
                       url=f"http://{self.settings.host}:{self.settings.port}/v1")
 
     async def _on_heartbeat(self, beat: wire.Heartbeat) -> None:
-        self.view.on_heartbeat(beat)
+        if self.view.on_heartbeat(beat):
+            self.metrics.instances_started.labels(beat.service).inc()
 
     async def _sweep_loop(self) -> None:
         assert self.client is not None
         while True:
             await asyncio.sleep(0.5)
             for instance in self.view.sweep():
+                self.metrics.instances_lost.labels(instance.service).inc()
                 failed = self.client.fail_instance(instance)
                 self.log.warning("service instance gone", service=instance.service,
                                  instance=instance.instance_id, failed_requests=failed)

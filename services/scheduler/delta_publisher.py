@@ -56,11 +56,7 @@ class DeltaPublisher:
             batch.add(out.request_id, out.new_token_ids, finish, out.num_cached_tokens)
             seen.add(out.request_id)
             if out.finish_reason is not None:
-                batch.finished.append(wire.FinishInfo(
-                    request_id=out.request_id, finish_reason=wire.FinishReason(finish),
-                    stop_token_id=out.stop_token_id, num_prompt_tokens=out.num_prompt_tokens,
-                    num_cached_tokens=out.num_cached_tokens,
-                    num_output_tokens=out.num_output_tokens))
+                batch.finished.append(self._finish_info(out, wire.FinishReason(finish)))
         for request_id, entry in _logprob_entries(step_output, request_id_of_handle):
             tokenizer_id = tokenizer_of.get(request_id)
             if tokenizer_id is None:
@@ -81,12 +77,20 @@ class DeltaPublisher:
                 continue
             batch = batches[tokenizer_id]
             batch.add(request.request_id, [], wire.FinishReason.ERROR, request.num_cached_tokens)
-            batch.finished.append(wire.FinishInfo(
-                request_id=request.request_id, finish_reason=wire.FinishReason.ERROR,
-                num_prompt_tokens=len(request.prompt_token_ids),
-                num_cached_tokens=request.num_cached_tokens,
-                num_output_tokens=request.num_output_tokens, error=reason))
+            info = request_timing(request, self._engine_id)
+            info.request_id = request.request_id
+            info.finish_reason = wire.FinishReason.ERROR
+            info.error = reason
+            batch.finished.append(info)
         await self._send(batches)
+
+    def _finish_info(self, out: EngineCoreOutput, reason: wire.FinishReason) -> wire.FinishInfo:
+        info = (request_timing(out.finished_request, self._engine_id)
+                if out.finished_request is not None else wire.FinishInfo(engine_id=self._engine_id))
+        info.request_id = out.request_id
+        info.finish_reason = reason
+        info.stop_token_id = out.stop_token_id
+        return info
 
     async def _send(self, batches: Mapping[str, _TokenizerBatch]) -> None:
         self._step += 1
@@ -100,6 +104,23 @@ class DeltaPublisher:
                                         finish_reasons=pack_uint8(b.finish_reasons),
                                         num_cached_tokens=pack_int32(b.num_cached_tokens),
                                         finished=b.finished, logprobs=b.logprobs))
+
+
+def request_timing(request: Request, engine_id: str) -> wire.FinishInfo:
+    """Token counts and where the request's time went inside the engine."""
+    info = wire.FinishInfo(num_prompt_tokens=request.num_prompt_tokens,
+                           num_cached_tokens=request.num_cached_tokens,
+                           num_output_tokens=request.num_output_tokens, engine_id=engine_id,
+                           num_preemptions=request.num_preemptions)
+    scheduled, first, last = (request.first_scheduled_time, request.first_token_time,
+                              request.last_token_time)
+    if scheduled is not None:
+        info.queue_time_s = scheduled - request.arrival_time
+        if first is not None:
+            info.prefill_time_s = first - scheduled
+            if last is not None:
+                info.decode_time_s = last - first
+    return info
 
 
 def _logprob_entries(step_output: wire.StepOutput, request_id_of_handle: Mapping[int, str]

@@ -29,6 +29,7 @@ class EngineStats:
         self.schedule_time = metrics.schedule_time.labels(*labels)
         self.worker_call_time = metrics.worker_call_time.labels(*labels)
         self.worker_execute_time = metrics.worker_execute_time.labels(*labels)
+        self.messaging_time = metrics.step_messaging_time.labels(*labels)
         self.rejections = metrics.admission_rejections.labels(*labels)
         self._success = metrics.request_success
         self._labels = labels
@@ -84,4 +85,5 @@ class EngineStats:
         self.step_time.observe(step_s)
         self.worker_call_time.observe(worker_call_s)
         self.worker_execute_time.observe(execute_s)
+        self.messaging_time.observe(max(0.0, worker_call_s - execute_s))
         self.schedule_time.observe(max(0.0, step_s - worker_call_s))

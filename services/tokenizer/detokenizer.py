@@ -29,6 +29,7 @@ class RequestDetokenizer:
         self.num_cached_tokens = 0
         self.num_output_tokens = 0
         self.has_output = False
+        self.detokenize_time_s = 0.0
         self.registered_at = time.monotonic()
         self._stream = DecodeStream(skip_special_tokens=params.skip_special_tokens)
         self._stops = (StopChecker(params.stop, params.include_stop_str_in_output)
@@ -40,6 +41,13 @@ class RequestDetokenizer:
         Tokens after the one that completes a stop string are dropped.
         """
         self.has_output = True
+        started = time.perf_counter()
+        try:
+            return self._process(codec, token_ids)
+        finally:
+            self.detokenize_time_s += time.perf_counter() - started
+
+    def _process(self, codec: TextCodec, token_ids: Sequence[int]) -> tuple[str, int, str | None]:
         pieces: list[str] = []
         for consumed, token_id in enumerate(token_ids, start=1):
             piece = self._stream.step(codec.fast, int(token_id))
@@ -60,9 +68,15 @@ class RequestDetokenizer:
         return self._stops.flush() if self._stops is not None else ""
 
     def finish_info(self, reason: wire.FinishReason, stop_reason: str = "",
-                    stop_token_id: int | None = None, error: str = "") -> wire.FinishInfo:
-        return wire.FinishInfo(
-            request_id=self.request_id, finish_reason=reason, stop_reason=stop_reason,
-            stop_token_id=stop_token_id, num_prompt_tokens=self.num_prompt_tokens,
-            num_cached_tokens=self.num_cached_tokens, num_output_tokens=self.num_output_tokens,
-            error=error)
+                    engine_info: wire.FinishInfo | None = None) -> wire.FinishInfo:
+        """The request's final record: the engine's (timings, stop token, error) when it
+        ended there, with what only the tokenizer knows."""
+        info = engine_info or wire.FinishInfo(num_cached_tokens=self.num_cached_tokens,
+                                              engine_id=self.engine_id)
+        info.request_id = self.request_id
+        info.finish_reason = reason
+        info.stop_reason = stop_reason
+        info.num_prompt_tokens = self.num_prompt_tokens
+        info.num_output_tokens = self.num_output_tokens
+        info.detokenize_time_s = self.detokenize_time_s
+        return info

@@ -11,6 +11,7 @@ from collections import defaultdict
 import betterproto
 
 from services.common import wire
+from services.common.metrics import TokenizerMetrics
 from services.common.model_files import resolve_model
 from services.common.packing import (pack_int32, pack_strings, unpack_int32, unpack_strings,
                                      unpack_uint8)
@@ -32,6 +33,8 @@ class TokenizerService(Service):
         self.settings: TokenizerSettings = settings
         self.codec: TextCodec | None = None
         self.states: dict[str, RequestDetokenizer] = {}
+        self.metrics = TokenizerMetrics(self.registry)
+        self.metrics.detokenizer_states.set_function(lambda: len(self.states))
 
     async def setup(self) -> None:
         files = await asyncio.to_thread(resolve_model, self.settings.model)
@@ -57,10 +60,12 @@ class TokenizerService(Service):
 
     async def on_encode(self, request: wire.EncodeRequest) -> wire.EncodeReply:
         assert self.codec is not None
+        started = time.perf_counter()
         try:
             token_ids = self._encode(request)
         except InvalidPrompt as exc:
             return wire.EncodeReply(error=str(exc), tokenizer_id=self.instance_id)
+        self.metrics.encode_time.observe(time.perf_counter() - started)
         for request_id in request.request_ids:
             self.states[request_id] = RequestDetokenizer(request_id, request.detokenize,
                                                          len(token_ids))
@@ -100,6 +105,11 @@ class TokenizerService(Service):
     # ---- detokenizing (one batch per engine step)
 
     async def on_deltas(self, batch: wire.RequestDeltaBatch) -> None:
+        started = time.perf_counter()
+        await self._detokenize(batch)
+        self.metrics.delta_batch_time.observe(time.perf_counter() - started)
+
+    async def _detokenize(self, batch: wire.RequestDeltaBatch) -> None:
         assert self.codec is not None
         request_ids = unpack_strings(batch.request_ids)
         counts = unpack_int32(batch.num_new_tokens).tolist()
@@ -125,16 +135,14 @@ class TokenizerService(Service):
             text, consumed, stop = state.process(self.codec, new_tokens)
             finish: wire.FinishInfo | None = None
             if stop is not None:
-                finish = state.finish_info(FinishReason.STOP, stop_reason=stop)
+                finish = state.finish_info(FinishReason.STOP, stop_reason=stop,
+                                           engine_info=finished.get(request_id))
                 if reasons[i] == FinishReason.NONE:
                     stopped_by_string.append(request_id)
             elif reasons[i] != FinishReason.NONE:
                 text += state.flush()
-                engine_info = finished.get(request_id)
-                finish = state.finish_info(
-                    FinishReason(reasons[i]),
-                    stop_token_id=engine_info.stop_token_id if engine_info else None,
-                    error=engine_info.error if engine_info else "")
+                finish = state.finish_info(FinishReason(reasons[i]),
+                                           engine_info=finished.get(request_id))
             for entry in logprobs.get(request_id, ()):
                 outputs.add_logprobs(state.gateway_id, self._name_tokens(entry, consumed))
             outputs.add(state.gateway_id, request_id, text, consumed, finish)

@@ -66,6 +66,13 @@ class EngineInfo(betterproto.Message):
     kv_cache_usage: float = betterproto.float_field(7)
     num_waiting_tokens: int = betterproto.int64_field(8)
     worker_ready: bool = betterproto.bool_field(9)
+    prefix_cache_queries: int = betterproto.int64_field(10)
+    """
+    Cumulative since the engine (re)built its state: the gateway re-exports them.
+    """
+
+    prefix_cache_hits: int = betterproto.int64_field(11)
+    num_preemptions: int = betterproto.int64_field(12)
 
 
 @dataclass(eq=False, repr=False)
@@ -94,6 +101,16 @@ class FinishInfo(betterproto.Message):
     num_cached_tokens: int = betterproto.int32_field(6)
     num_output_tokens: int = betterproto.int32_field(7)
     error: str = betterproto.string_field(8)
+    queue_time_s: float = betterproto.double_field(9)
+    """
+    Where the time went (seconds), for the per-request timing line and metrics.
+    """
+
+    prefill_time_s: float = betterproto.double_field(10)
+    decode_time_s: float = betterproto.double_field(11)
+    detokenize_time_s: float = betterproto.double_field(12)
+    engine_id: str = betterproto.string_field(13)
+    num_preemptions: int = betterproto.int32_field(14)
 
 
 @dataclass(eq=False, repr=False)

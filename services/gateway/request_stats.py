@@ -1,0 +1,78 @@
+"""Per-request timing at the gateway: metrics, and one structured log line per finished
+choice with where its time went (tokenize, queue, prefill, decode, detokenize)."""
+
+from __future__ import annotations
+
+import time
+
+import structlog
+
+from services.common import wire
+from services.common.metrics import GatewayMetrics
+
+log = structlog.get_logger("gateway.requests")
+
+_REASONS = {wire.FinishReason.STOP: "stop", wire.FinishReason.LENGTH: "length",
+            wire.FinishReason.ABORT: "abort", wire.FinishReason.ERROR: "error"}
+
+
+class RequestTimer:
+    """Times one HTTP request's choices from arrival at the gateway."""
+
+    def __init__(self, metrics: GatewayMetrics, model: str, request_id: str) -> None:
+        self._metrics = metrics
+        self._model = model
+        self.request_id = request_id
+        self.arrived = time.perf_counter()
+        self.tokenize_s = 0.0
+        self._first_output: dict[int, float] = {}  # choice index -> time of its first output
+        self._last_output: dict[int, float] = {}   # choice index -> time of its last output
+
+    def tokenized(self, seconds: float) -> None:
+        self.tokenize_s = seconds
+        self._metrics.tokenize_time.labels(self._model).observe(seconds)
+
+    def on_output(self, index: int, num_new_tokens: int) -> None:
+        if not num_new_tokens:
+            return
+        now = time.perf_counter()
+        previous = self._last_output.get(index)
+        if previous is None:
+            self._first_output[index] = now
+            self._metrics.time_to_first_token.labels(self._model).observe(now - self.arrived)
+        else:
+            self._metrics.inter_token_latency.labels(self._model).observe(now - previous)
+        self._last_output[index] = now
+
+    def on_aborted(self, index: int, request_id: str, num_output_tokens: int) -> None:
+        """The client went away (or the request failed at the gateway) before the end."""
+        self.on_finished(index, request_id, wire.FinishInfo(
+            request_id=request_id, finish_reason=wire.FinishReason.ABORT), num_output_tokens,
+            count_prompt=False)
+
+    def on_finished(self, index: int, request_id: str, info: wire.FinishInfo,
+                    num_output_tokens: int, count_prompt: bool) -> None:
+        now = time.perf_counter()
+        metrics, model = self._metrics, self._model
+        reason = _REASONS.get(info.finish_reason, "unknown")
+        e2e = now - self.arrived
+        first = self._first_output.get(index)
+        metrics.e2e_request_latency.labels(model).observe(e2e)
+        metrics.request_success.labels(model, reason).inc()
+        metrics.generation_tokens.labels(model).inc(num_output_tokens)
+        if count_prompt:
+            metrics.prompt_tokens.labels(model).inc(info.num_prompt_tokens)
+        if info.queue_time_s or info.prefill_time_s:
+            metrics.request_queue_time.labels(model).observe(info.queue_time_s)
+            metrics.request_prefill_time.labels(model).observe(info.prefill_time_s)
+            metrics.request_decode_time.labels(model).observe(info.decode_time_s)
+        metrics.detokenize_time.labels(model).observe(info.detokenize_time_s)
+        log.info("request finished", request_id=request_id, engine=info.engine_id, model=model,
+                 finish_reason=reason, prompt_tokens=info.num_prompt_tokens,
+                 cached_tokens=info.num_cached_tokens, completion_tokens=num_output_tokens,
+                 preemptions=info.num_preemptions, tokenize_s=round(self.tokenize_s, 6),
+                 queue_s=round(info.queue_time_s, 6), prefill_s=round(info.prefill_time_s, 6),
+                 decode_s=round(info.decode_time_s, 6),
+                 detokenize_s=round(info.detokenize_time_s, 6), e2e_s=round(e2e, 6),
+                 ttft_s=None if first is None else round(first - self.arrived, 6),
+                 error=info.error or None)
