@@ -7,13 +7,20 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-SERVICE_MODULES = ("gateway", "tokenizer", "scheduler", "worker")
+# Service name -> the module `python -m` runs. The batch runner lives in the gateway's package.
+SERVICE_MODULES = {
+    "gateway": "services.gateway",
+    "batch": "services.gateway.batch",
+    "tokenizer": "services.tokenizer",
+    "scheduler": "services.scheduler",
+    "worker": "services.worker",
+}
 
 USAGE = """llm-mesh <command> [options]
 
 commands:
   up                  start the whole mesh on this machine (embedded NATS, every service)
-  serve <service>     run one service: gateway | tokenizer | scheduler | worker
+  serve <service>     run one service: gateway | batch | tokenizer | scheduler | worker
   bench serve         load-test any OpenAI-compatible server (throughput, TTFT, ITL, plot)
   version             print the version
 
@@ -32,12 +39,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return up_main(rest)
     if command == "serve":
         parser = argparse.ArgumentParser(prog="llm-mesh serve")
-        parser.add_argument("service", choices=SERVICE_MODULES)
+        parser.add_argument("service", choices=list(SERVICE_MODULES))
         if not rest or rest[0] in ("-h", "--help"):
             parser.print_help()
             return 0
         service = parser.parse_args(rest[:1]).service
-        importlib.import_module(f"services.{service}.__main__").main(rest[1:])
+        importlib.import_module(f"{SERVICE_MODULES[service]}.__main__").main(rest[1:])
         return 0
     if command == "bench":
         from llm_mesh.bench.cli import main as bench_main

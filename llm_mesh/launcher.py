@@ -1,9 +1,9 @@
 """`llm-mesh up`: the whole mesh on one machine, one process per service.
 
 Starts an embedded nats-server unless --nats-url names one, prepares the model once
-(a GGUF is converted on first use), starts tokenizer, scheduler, worker and gateway as
-child processes, restarts a child that crashes, and on Ctrl-C / SIGTERM stops them all,
-gateway first, leaving no process behind.
+(a GGUF is converted on first use), starts tokenizer, scheduler, worker, gateway and the
+batch runner as child processes, restarts a child that crashes, and on Ctrl-C / SIGTERM
+stops them all, gateway first, leaving no process behind.
 """
 
 from __future__ import annotations
@@ -25,10 +25,12 @@ from typing import Any
 
 import structlog
 
+from llm_mesh.cli import SERVICE_MODULES
 from llm_mesh.embedded import EmbeddedNats, free_port
 from services.common.logs import configure_logging
 from services.common.model_files import resolve_model
 from services.common.settings import add_arguments, flag_name, setting
+from services.gateway.batch.settings import BatchSettings
 from services.gateway.settings import GatewaySettings
 from services.scheduler.settings import SchedulerSettings
 from services.tokenizer.settings import TokenizerSettings
@@ -36,9 +38,11 @@ from services.worker.settings import WorkerSettings
 
 log = structlog.get_logger("llm-mesh")
 
-# Order matters for shutdown: the gateway stops first so no new work comes in.
+# Order matters for shutdown: the gateway and the batch runner stop first so no new work
+# comes in while the rest drain.
 SERVICES: dict[str, type] = {
     "gateway": GatewaySettings,
+    "batch": BatchSettings,
     "tokenizer": TokenizerSettings,
     "scheduler": SchedulerSettings,
     "worker": WorkerSettings,
@@ -57,7 +61,7 @@ class UpSettings:
 def up_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="llm-mesh up", description="Start the whole mesh on this machine: NATS, "
-        "tokenizer, scheduler, worker and the OpenAI-compatible gateway.")
+        "tokenizer, scheduler, worker, the OpenAI-compatible gateway and the batch runner.")
     seen = set(_MANAGED - {"nats_url"})
     add_arguments(parser, UpSettings, seen)
     for cls in SERVICES.values():
@@ -92,7 +96,7 @@ class Child:
 
     def start(self) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", f"services.{self.name}", *self.argv,
+            [sys.executable, "-m", SERVICE_MODULES[self.name], *self.argv,
              "--health-port", str(self.health_port)],
             start_new_session=True, preexec_fn=_die_with_parent)
 

@@ -1,5 +1,6 @@
 """Starts a real mesh for tests: nats-server on a random loopback port and every service
-as its own process (`python -m services.<name>`), each logging to a file."""
+as its own process (`python -m services.<name>`), each logging to a file. Services outside
+the default set (the batch runner) join a running mesh through `Mesh.add_service`."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llm_mesh.cli import SERVICE_MODULES
 from llm_mesh.embedded import EmbeddedNats, free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +36,7 @@ class ServiceProcess:
     def start(self, env: dict[str, str]) -> None:
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", f"services.{self.name}", *self.argv,
+            [sys.executable, "-m", SERVICE_MODULES[self.name], *self.argv,
              "--health-port", str(self.health_port), "--log-format", "json"],
             stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=env)
         log.close()
@@ -76,21 +78,42 @@ class Mesh:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.nats = EmbeddedNats().start()
         self.gateway_port = free_port()
-        common = ["--nats-url", self.nats.url, "--namespace", self.namespace]
         args = {
             "gateway": ["--port", str(self.gateway_port)],
             "tokenizer": [],
             "scheduler": ENGINE_ARGS[:2],
             "worker": list(ENGINE_ARGS),
         }
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         for name, own in args.items():
-            service = ServiceProcess(name, common + own + self.extra_args.get(name, []),
-                                     self.workdir / f"{name}.log", free_port())
-            service.start(env)
-            self.services[name] = service
+            self._launch(name, own)
         self.wait_ready(timeout_s)
         return self
+
+    def _launch(self, name: str, own_args: list[str]) -> ServiceProcess:
+        assert self.nats is not None
+        common = ["--nats-url", self.nats.url, "--namespace", self.namespace]
+        service = ServiceProcess(name, common + own_args + self.extra_args.get(name, []),
+                                 self.workdir / f"{name}.log", free_port())
+        service.start({**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.services[name] = service
+        return service
+
+    def add_service(self, name: str, args: list[str] | None = None,
+                    timeout_s: float = 60.0) -> ServiceProcess:
+        """Starts a service the default mesh does not run (e.g. "batch") and waits until its
+        /ready answers 200; `remove_service` stops it."""
+        service = self._launch(name, list(args or []))
+        deadline = time.monotonic() + timeout_s
+        while service.get("/ready")[0] != 200:
+            if service.process is not None and service.process.poll() is not None:
+                raise RuntimeError(f"{name} exited during start-up:\n{service.log_tail()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name} did not become ready:\n{service.log_tail()}")
+            time.sleep(0.1)
+        return service
+
+    def remove_service(self, name: str) -> int:
+        return self.services.pop(name).stop()
 
     def wait_ready(self, timeout_s: float = 240.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -115,7 +138,7 @@ class Mesh:
 
     def stop(self) -> dict[str, int]:
         codes = {}
-        for name in ("gateway", "tokenizer", "scheduler", "worker"):
+        for name in ("gateway", "batch", "tokenizer", "scheduler", "worker"):
             if name in self.services:
                 codes[name] = self.services[name].stop()
         if self.nats is not None:

@@ -109,11 +109,16 @@ class Bus:
         await self.client.flush(timeout=timeout)
 
     async def close(self) -> None:
-        if not self.client.is_closed:
+        if self.client.is_closed:
+            return
+        try:
+            await self.client.drain()
+        except (nats.errors.Error, asyncio.TimeoutError, RuntimeError, OSError):
+            # The server is already gone (stopped first at shutdown): nothing to flush.
             try:
-                await self.client.drain()
-            except (nats.errors.Error, asyncio.TimeoutError):
                 await self.client.close()
+            except (nats.errors.Error, RuntimeError, OSError) as exc:
+                log.debug("NATS connection closed uncleanly", error=str(exc))
 
 
 def _safe_url(url: str) -> str:

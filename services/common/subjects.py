@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 TOKENIZER_QUEUE = "tokenizer"
+BATCH_RUNNER_CONSUMER = "batch-runner"   # durable pull consumer shared by every batch runner
 
 
 @dataclass(frozen=True)
@@ -60,3 +61,29 @@ class Subjects:
 
     def worker_hello(self, engine_id: str) -> str:
         return f"{self.namespace}.engine.{engine_id}.worker.hello"
+
+    # Batch jobs (docs/batch.md): anyone -> one batch runner, through a JetStream work queue.
+    @property
+    def batch_jobs(self) -> str:
+        return f"{self.namespace}.batch.jobs"
+
+    # JetStream stream and bucket names allow no dots: the namespace's dots become dashes.
+    @property
+    def batch_jobs_stream(self) -> str:
+        return f"{self._bucket_prefix}-batch-jobs"
+
+    @property
+    def batch_records_bucket(self) -> str:     # KV: batch id -> the OpenAI Batch object
+        return f"{self._bucket_prefix}-batches"
+
+    @property
+    def batch_results_bucket(self) -> str:     # KV: "<batch id>.<line key>" -> its result line
+        return f"{self._bucket_prefix}-batch-results"
+
+    @property
+    def batch_files_bucket(self) -> str:       # Object Store: file id -> JSONL bytes
+        return f"{self._bucket_prefix}-batch-files"
+
+    @property
+    def _bucket_prefix(self) -> str:
+        return self.namespace.replace(".", "-")

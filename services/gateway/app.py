@@ -21,6 +21,7 @@ from services.gateway.chat import chat_prompt, create_chat_completion
 from services.gateway.completions import create_completion
 from services.gateway.context import GatewayContext
 from services.gateway.errors import ApiError, invalid
+from services.gateway.files_batches import files_batches_router
 from services.gateway.protocol import (ChatCompletionRequest, CompletionRequest,
                                        DetokenizeRequest, TokenizeRequest)
 
@@ -147,6 +148,7 @@ def create_app(ctx: GatewayContext, registry: CollectorRegistry) -> FastAPI:
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
+    app.include_router(files_batches_router(ctx))
     return app
 
 

@@ -16,8 +16,11 @@ class SchedulerSettings(CommonSettings, EngineSettings):
                                             choices=("sha256", "xxh3_128"))
     long_prefill_token_threshold: int = setting(
         0, "Most tokens one request may take in a step (0: no cap beyond the budget)")
-    scheduling_policy: str = setting("fcfs", "Which waiting request runs first",
-                                     choices=("fcfs", "priority"))
+    # NOTE: priority with every request at its default priority (0) is fcfs; it is the
+    # default so batch jobs (submitted at a low priority) yield to interactive traffic.
+    scheduling_policy: str = setting("priority", "Which waiting request runs first: by the "
+                                     "request's priority (lower first), then arrival; or fcfs, "
+                                     "ignoring priorities", choices=("fcfs", "priority"))
     max_num_queued_reqs: int = setting(0, "Admission control: most waiting requests "
                                        "(0: unbounded); beyond it clients get 503")
     max_num_queued_tokens: int = setting(0, "Admission control: most waiting prompt tokens "

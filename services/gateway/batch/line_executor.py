@@ -1,0 +1,100 @@
+"""Runs one batch line through the gateway's own request path, in process.
+
+The line's body goes through the very handler an HTTP request reaches (validation, prompt
+encoding, engine choice, sampling parameters, response assembly), so a batch line answers
+exactly what the same body POSTed to the gateway answers — only at the batch's priority.
+Failures the mesh may recover from (no engine ready, queue full, an engine or tokenizer
+lost mid-request) are retried with backoff; the rest become the line's error response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from fastapi import Request
+from pydantic import ValidationError
+
+from services.gateway.chat import ChatCompletion
+from services.gateway.completions import Completion
+from services.gateway.context import GatewayContext
+from services.gateway.errors import ApiError, invalid
+from services.gateway.protocol import ChatCompletionRequest, CompletionRequest
+
+log = structlog.get_logger(__name__)
+
+HANDLERS: dict[str, tuple[type[ChatCompletionRequest] | type[CompletionRequest],
+                          type[ChatCompletion] | type[Completion]]] = {
+    "/v1/chat/completions": (ChatCompletionRequest, ChatCompletion),
+    "/v1/completions": (CompletionRequest, Completion),
+}
+RETRIABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
+FIRST_BACKOFF_S = 0.25
+MAX_BACKOFF_S = 5.0
+
+
+@dataclass
+class LineOutcome:
+    status_code: int
+    request_id: str
+    body: dict[str, Any]
+
+
+class LineExecutor:
+    def __init__(self, ctx: GatewayContext, priority: int, retry_for_s: float) -> None:
+        self._ctx = ctx
+        self._priority = priority
+        self._retry_for_s = retry_for_s
+
+    async def run(self, endpoint: str, body: dict[str, Any],
+                  should_stop: Callable[[], bool]) -> LineOutcome | None:
+        """The line's response; None when `should_stop` turned true while it waited to retry
+        (the line then has no result and runs again later)."""
+        deadline = time.monotonic() + self._retry_for_s
+        backoff = FIRST_BACKOFF_S
+        while True:
+            try:
+                return await self._run_once(endpoint, body)
+            except ApiError as exc:
+                error = exc
+            except Exception as exc:  # noqa: BLE001 - NATS trouble; the line is retried
+                log.warning("batch line failed; retrying", error=str(exc) or type(exc).__name__)
+                error = ApiError(500, f"internal error: {exc}")
+            if error.status not in RETRIABLE_STATUSES or time.monotonic() + backoff > deadline:
+                return LineOutcome(error.status, "", error.body())
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, MAX_BACKOFF_S)
+            if should_stop():
+                return None
+
+    async def _run_once(self, endpoint: str, body: dict[str, Any]) -> LineOutcome:
+        request_type, handler_type = HANDLERS[endpoint]
+        try:
+            request = request_type.model_validate(body)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            param = ".".join(str(p) for p in first["loc"]) or None
+            raise invalid(f"{param}: {first['msg']}" if param else first["msg"],
+                          param=param) from None
+        request.priority = self._priority
+        request.stream = False  # a batch line's response is one JSON object
+        request.stream_options = None
+        handler = handler_type(request, self._ctx)  # type: ignore[arg-type]
+        response = await handler.respond(_detached_request(endpoint))
+        return LineOutcome(response.status_code, handler.run.request_id,
+                           json.loads(bytes(response.body)))
+
+
+def _detached_request(path: str) -> Request:
+    """An HTTP request with no client behind it: it never disconnects, so the handler
+    always runs to its response."""
+    async def receive() -> dict[str, Any]:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    return Request({"type": "http", "method": "POST", "path": path, "headers": []}, receive)

@@ -1,0 +1,210 @@
+"""/v1/files and /v1/batches: OpenAI's Files and Batches API over the batch plane in
+JetStream (services/gateway/batch/job_store.py). The gateway stores files, records batches
+and queues their jobs; batch runners do the work and keep the records current.
+
+The batch plane gets its own NATS connection, opened on first use: it is a storage plane
+apart from the request path, and a gateway that never sees a batch never touches JetStream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, TypeVar
+
+import nats.errors
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.datastructures import UploadFile
+
+from services.common.bus import Bus, BusError
+from services.common.subjects import Subjects
+from services.gateway.batch.job_store import BatchStore
+from services.gateway.batch.records import (BATCH_ENDPOINTS, COMPLETION_WINDOWS, BatchJob,
+                                            BatchRecord, FileRecord, new_batch_id, new_file_id)
+from services.gateway.context import GatewayContext
+from services.gateway.errors import ApiError, invalid, unavailable
+from services.gateway.settings import GatewaySettings
+
+M = TypeVar("M", bound=BaseModel)
+MAX_FILE_BYTES = 200 * 1024 * 1024   # OpenAI's limit for a batch input file
+MULTIPART_OVERHEAD_BYTES = 64 * 1024
+CANCELLABLE = frozenset({"validating", "in_progress"})
+
+
+class CreateBatchRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    input_file_id: str
+    endpoint: str
+    completion_window: str
+    metadata: dict[str, str] | None = Field(None, max_length=16)
+
+
+class BatchPlane:
+    """The batch store, connected on first use."""
+
+    def __init__(self, settings: GatewaySettings, connection_name: str) -> None:
+        self._settings = settings
+        self._connection_name = connection_name
+        self._store: BatchStore | None = None
+        self._lock = asyncio.Lock()
+
+    async def store(self) -> BatchStore:
+        async with self._lock:
+            if self._store is None:
+                try:
+                    bus = await Bus.connect(self._settings.nats_url, self._connection_name,
+                                            retry_for_s=5.0)
+                    self._store = await BatchStore.open(bus.client.jetstream(),
+                                                        Subjects(self._settings.namespace))
+                except (BusError, nats.errors.Error) as exc:
+                    raise unavailable(f"the batch store is not reachable: {exc}",
+                                      code="batch_store_unavailable") from exc
+        return self._store
+
+
+def files_batches_router(ctx: GatewayContext) -> APIRouter:
+    plane = BatchPlane(ctx.settings, f"{ctx.client.gateway_id}-batch")
+    router = APIRouter()
+
+    # ---- files
+
+    @router.post("/v1/files")
+    async def create_file(request: Request) -> dict[str, Any]:
+        length = request.headers.get("content-length")
+        if length and length.isdigit() and int(length) > MAX_FILE_BYTES + MULTIPART_OVERHEAD_BYTES:
+            raise ApiError(413, f"files are limited to {MAX_FILE_BYTES} bytes")
+        async with request.form(max_files=1, max_fields=8) as form:
+            upload, purpose = form.get("file"), form.get("purpose")
+            if not isinstance(upload, UploadFile):
+                raise invalid("send the file as the multipart part `file`", param="file")
+            if purpose != "batch":
+                raise invalid("purpose must be `batch` (the only purpose served)",
+                              param="purpose")
+            if upload.size is not None and upload.size > MAX_FILE_BYTES:
+                raise ApiError(413, f"files are limited to {MAX_FILE_BYTES} bytes")
+            record = FileRecord(id=new_file_id(), filename=upload.filename or "input.jsonl",
+                                purpose=purpose)
+            saved = await (await plane.store()).put_file(record, upload.file)
+        return saved.model_dump()
+
+    @router.get("/v1/files")
+    async def list_files(purpose: str | None = None) -> dict[str, Any]:
+        files = await (await plane.store()).list_files()
+        files = [f for f in files if purpose is None or f.purpose == purpose]
+        files.sort(key=lambda f: (f.created_at, f.id), reverse=True)
+        return _page([f.model_dump() for f in files], has_more=False)
+
+    @router.get("/v1/files/{file_id}")
+    async def retrieve_file(file_id: str) -> dict[str, Any]:
+        return (await _file(plane, file_id)).model_dump()
+
+    @router.get("/v1/files/{file_id}/content")
+    async def file_content(file_id: str) -> Response:
+        data = await (await plane.store()).file_content(file_id)
+        if data is None:
+            raise _not_found("file", file_id)
+        return Response(data, media_type="application/jsonl")
+
+    @router.delete("/v1/files/{file_id}")
+    async def delete_file(file_id: str) -> dict[str, Any]:
+        if not await (await plane.store()).delete_file(file_id):
+            raise _not_found("file", file_id)
+        return {"id": file_id, "object": "file", "deleted": True}
+
+    # ---- batches
+
+    @router.post("/v1/batches")
+    async def create_batch(request: Request) -> dict[str, Any]:
+        body = await _json_body(request, CreateBatchRequest)
+        if body.endpoint not in BATCH_ENDPOINTS:
+            raise invalid(f"endpoint must be one of {', '.join(BATCH_ENDPOINTS)}",
+                          param="endpoint")
+        if body.completion_window not in COMPLETION_WINDOWS:
+            raise invalid(f"completion_window must be one of {', '.join(COMPLETION_WINDOWS)}",
+                          param="completion_window")
+        file = await _file(plane, body.input_file_id, param="input_file_id")
+        if file.purpose != "batch":
+            raise invalid(f"file {file.id} was not uploaded with purpose `batch`",
+                          param="input_file_id")
+        store = await plane.store()
+        job = BatchJob(batch_id=new_batch_id(), input_file_id=file.id, endpoint=body.endpoint,
+                       completion_window=body.completion_window, metadata=body.metadata)
+        # Queued first: a record never exists without its job (a runner creates the same
+        # record from the job if it gets there first).
+        await store.submit(job)
+        return (await store.create_record(BatchRecord.from_job(job))).model_dump()
+
+    @router.get("/v1/batches/{batch_id}")
+    async def retrieve_batch(batch_id: str) -> dict[str, Any]:
+        return (await _batch(plane, batch_id)).model_dump()
+
+    @router.get("/v1/batches")
+    async def list_batches(after: str | None = None, limit: int = 20) -> dict[str, Any]:
+        if not 1 <= limit <= 100:
+            raise invalid("limit must be between 1 and 100", param="limit")
+        records = await (await plane.store()).list_records()
+        records.sort(key=lambda r: (r.created_at, r.id), reverse=True)
+        if after is not None:
+            ids = [r.id for r in records]
+            records = records[ids.index(after) + 1:] if after in ids else []
+        return _page([r.model_dump() for r in records[:limit]],
+                     has_more=len(records) > limit)
+
+    @router.post("/v1/batches/{batch_id}/cancel")
+    async def cancel_batch(batch_id: str) -> dict[str, Any]:
+        record = await _batch(plane, batch_id)
+        if record.status in ("cancelling", "cancelled"):
+            return record.model_dump()
+        if record.status not in CANCELLABLE:
+            raise invalid(f"a batch with status {record.status} cannot be cancelled")
+
+        def cancel(latest: BatchRecord) -> None:
+            if latest.status in CANCELLABLE:
+                latest.status = "cancelling"
+                latest.cancelling_at = int(time.time())
+
+        return (await (await plane.store()).update_record(batch_id, cancel)).model_dump()
+
+    return router
+
+
+async def _file(plane: BatchPlane, file_id: str, param: str | None = None) -> FileRecord:
+    record = await (await plane.store()).file_record(file_id)
+    if record is None:
+        raise _not_found("file", file_id, param)
+    return record
+
+
+async def _batch(plane: BatchPlane, batch_id: str) -> BatchRecord:
+    record = await (await plane.store()).record(batch_id)
+    if record is None:
+        raise _not_found("batch", batch_id)
+    return record
+
+
+def _not_found(kind: str, object_id: str, param: str | None = None) -> ApiError:
+    return ApiError(404, f"No {kind} with id '{object_id}' found.", param=param,
+                    code=f"{kind}_not_found")
+
+
+def _page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    return {"object": "list", "data": data, "has_more": has_more,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None}
+
+
+async def _json_body(request: Request, model: type[M]) -> M:
+    try:
+        data = await request.json()
+    except ValueError:
+        raise invalid("the request body is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise invalid("the request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first["loc"]) or None
+        raise invalid(f"{param}: {first['msg']}" if param else first["msg"], param=param) from None

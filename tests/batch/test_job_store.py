@@ -1,0 +1,78 @@
+"""The batch plane in JetStream: idempotent records, compare-and-set updates, first result
+wins, files with their records, and the jobs work queue."""
+
+from __future__ import annotations
+
+import asyncio
+
+import nats.errors
+import pytest
+
+from services.gateway.batch.job_store import BatchStore
+from services.gateway.batch.records import BatchJob, BatchRecord, FileRecord
+
+
+def job(batch_id: str = "batch_1") -> BatchJob:
+    return BatchJob(batch_id=batch_id, input_file_id="file-1",
+                    endpoint="/v1/chat/completions", created_at=100)
+
+
+async def test_create_record_keeps_the_first(store: BatchStore) -> None:
+    first = await store.create_record(BatchRecord.from_job(job()))
+    assert first.status == "validating" and first.expires_at == 100 + 24 * 3600
+    await store.update_record("batch_1", lambda r: setattr(r, "status", "in_progress"))
+    again = await store.create_record(BatchRecord.from_job(job()))
+    assert again.status == "in_progress"
+    assert await store.record("batch_missing") is None
+    assert await store.record("not a key!") is None
+
+
+async def test_concurrent_updates_never_lose_a_change(store: BatchStore) -> None:
+    await store.create_record(BatchRecord.from_job(job()))
+
+    def bump(record: BatchRecord) -> None:
+        record.request_counts.completed += 1
+
+    await asyncio.gather(*(store.update_record("batch_1", bump) for _ in range(20)))
+    record = await store.record("batch_1")
+    assert record is not None and record.request_counts.completed == 20
+
+
+async def test_the_first_result_of_a_line_wins(store: BatchStore) -> None:
+    assert await store.save_result("batch_1", "c-aa", b"first")
+    assert not await store.save_result("batch_1", "c-aa", b"second")
+    assert await store.save_result("batch_1", "line-3", b"other")
+    assert await store.save_result("batch_2", "c-aa", b"elsewhere")
+    assert await store.results("batch_1") == {"c-aa": b"first", "line-3": b"other"}
+    assert await store.results("batch_3") == {}
+
+
+async def test_files_keep_their_record(store: BatchStore) -> None:
+    assert await store.list_files() == []
+    saved = await store.put_file(FileRecord(id="file-1", filename="in.jsonl", purpose="batch"),
+                                 b"line\n")
+    assert saved.bytes == 5
+    assert await store.file_record("file-1") == saved
+    assert await store.file_content("file-1") == b"line\n"
+    assert [f.id for f in await store.list_files()] == ["file-1"]
+    assert await store.delete_file("file-1")
+    assert await store.file_record("file-1") is None
+    assert await store.file_content("file-1") is None
+    assert not await store.delete_file("file-1")
+
+
+async def test_a_job_goes_to_one_runner_and_comes_back_when_not_acked(
+        store: BatchStore) -> None:
+    await store.submit(job("batch_a"))
+    await store.submit(job("batch_a"))  # a retried publish: stored once
+    jobs = await store.job_subscription(ack_wait_s=0.5)
+    try:
+        [message] = await jobs.fetch(1, timeout=1)
+        assert BatchJob.from_json(message.data).batch_id == "batch_a"
+        [again] = await jobs.fetch(1, timeout=3)  # never acked: redelivered
+        assert again.metadata.num_delivered == 2
+        await again.ack()
+        with pytest.raises(nats.errors.TimeoutError):
+            await jobs.fetch(1, timeout=1)
+    finally:
+        await jobs.unsubscribe()

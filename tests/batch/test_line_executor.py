@@ -1,0 +1,103 @@
+"""A batch line through the gateway's own handlers, against a fake mesh: it is submitted at
+the batch priority and without streaming, bad bodies get the gateway's 400 at once, and
+what the mesh may recover from is retried."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from services.common import wire
+from services.common.metrics import GatewayMetrics
+from services.common.packing import pack_int32
+from services.gateway.batch.line_executor import LineExecutor
+from services.gateway.context import GatewayContext
+from services.gateway.errors import unavailable
+from services.gateway.mesh_client import Generation, TextDelta
+from services.gateway.mesh_view import EngineView, MeshView
+from services.gateway.settings import GatewaySettings
+
+CHAT = "/v1/chat/completions"
+
+
+class FakeMeshClient:
+    """Encodes every prompt to 3 tokens; every request answers "hi" in one step, unless the
+    engine refuses it `refusals` more times first."""
+
+    gateway_id = "batch-test"
+
+    def __init__(self, refusals: int = 0) -> None:
+        self.refusals = refusals
+        self.submitted: list[wire.GenerateRequest] = []
+
+    async def encode(self, request: wire.EncodeRequest) -> wire.EncodeReply:
+        return wire.EncodeReply(token_ids=pack_int32([1, 2, 3]), tokenizer_id="tok-0")
+
+    async def submit(self, engine: EngineView, request: wire.GenerateRequest, index: int,
+                     queue: asyncio.Queue[TextDelta]) -> Generation:
+        if self.refusals:
+            self.refusals -= 1
+            raise unavailable("the engine's queue is full")
+        self.submitted.append(request)
+        queue.put_nowait(TextDelta(index, "hi", 1, wire.FinishInfo(
+            request_id=request.request_id, finish_reason=wire.FinishReason.STOP,
+            num_prompt_tokens=3, num_output_tokens=1)))
+        return Generation(request.request_id, index, engine.engine_id, "sched-0", "tok-0",
+                          queue, finished=True)
+
+    async def abort(self, generations: list[Generation]) -> None:
+        pass
+
+    async def release(self, tokenizer_id: str, request_ids: list[str]) -> None:
+        pass
+
+
+def executor(client: FakeMeshClient, retry_for_s: float = 5.0) -> LineExecutor:
+    view = MeshView(stale_after_s=60.0)
+    view.on_heartbeat(wire.Heartbeat(
+        service="scheduler", instance_id="sched-0", ready=True, engine_id="engine-0",
+        engine=wire.EngineInfo(model="m", max_model_len=2048)))
+    ctx = GatewayContext(GatewaySettings(), client, view,  # type: ignore[arg-type]
+                         GatewayMetrics(CollectorRegistry()))
+    return LineExecutor(ctx, priority=1000, retry_for_s=retry_for_s)
+
+
+def chat(**extra: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": "hello"}], **extra}
+
+
+def never() -> bool:
+    return False
+
+
+async def test_a_line_runs_at_the_batch_priority_without_streaming() -> None:
+    client = FakeMeshClient()
+    outcome = await executor(client).run(CHAT, chat(priority=0, stream=True), never)
+    assert outcome is not None and outcome.status_code == 200
+    assert outcome.body["object"] == "chat.completion"
+    assert outcome.body["choices"][0]["message"]["content"] == "hi"
+    assert outcome.request_id.startswith("chatcmpl-")
+    assert [r.priority for r in client.submitted] == [1000]
+
+
+async def test_a_bad_body_gets_the_gateways_400_without_retrying() -> None:
+    client = FakeMeshClient()
+    outcome = await executor(client).run(CHAT, {"model": "m"}, never)
+    assert outcome is not None and outcome.status_code == 400
+    assert outcome.body["error"]["param"] == "messages" and client.submitted == []
+
+
+async def test_a_full_queue_is_retried_until_the_engine_takes_the_line() -> None:
+    client = FakeMeshClient(refusals=2)
+    outcome = await executor(client).run(CHAT, chat(), never)
+    assert outcome is not None and outcome.status_code == 200 and len(client.submitted) == 1
+
+
+async def test_retries_end_with_the_last_error_or_when_told_to_stop() -> None:
+    gave_up = await executor(FakeMeshClient(refusals=100), retry_for_s=0.5).run(
+        CHAT, chat(), never)
+    assert gave_up is not None and gave_up.status_code == 503
+    stopped = await executor(FakeMeshClient(refusals=100)).run(CHAT, chat(), lambda: True)
+    assert stopped is None
