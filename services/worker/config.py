@@ -1,0 +1,47 @@
+"""What the worker service passes to the model runner, and what the runner reports back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    model_dir: Path                        # HF-style dir: config.json, *.safetensors, tokenizer
+    dtype: str = "float32"                 # float32 | bfloat16 | float16
+    kv_cache_dtype: str = "auto"           # auto (= dtype) | fp8 (e4m3: half the KV bytes)
+    block_size: int = 16
+    max_model_len: int | None = None       # None: the model's max_position_embeddings
+    kv_cache_memory: int | None = None     # bytes for KV; None: a fraction of RAM (CPU)
+    kv_cache_memory_fraction: float = 0.25
+    gpu_memory_utilization: float = 0.9    # accelerator: share of device memory we may use
+    device: str = "auto"                   # auto | cpu | cuda
+    attention_backend: str = "auto"        # auto (cuda: triton, cpu: torch) | torch | triton
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 512
+    seed: int = 0
+    num_threads: int | None = None         # CPU threads; None: all cores
+    enable_cuda_graphs: bool = True        # cuda + triton only: decode steps replay graphs
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        try:
+            return DTYPES[self.dtype]
+        except KeyError:
+            raise ValueError(f"unknown --dtype {self.dtype!r} (choose from "
+                             f"{', '.join(DTYPES)})") from None
+
+
+@dataclass(frozen=True)
+class RunnerInfo:
+    num_blocks: int            # including the null block 0
+    block_size: int
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: list[int]
+    model_name: str

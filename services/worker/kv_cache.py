@@ -1,0 +1,120 @@
+"""KV cache sizing and allocation: how many blocks fit in the memory budget, and the tensors.
+
+bytes per token = 2 (K and V) x layers x kv_heads x head_dim x bytes per element; an fp8 cache
+(float8_e4m3fn) stores one byte per element plus two fp32 scales per layer (1.0: values are
+stored unscaled, saturated at +-448, as vLLM does without calibrated scales), halving a 16-bit
+cache. Block 0 is the null block: allocated, never handed out by the scheduler.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import structlog
+import torch
+
+from services.worker.attention.backend import KVCache
+
+log = structlog.get_logger(__name__)
+
+KV_CACHE_DTYPES = ("auto", "fp8")
+NUM_NULL_BLOCKS = 1
+
+
+class KVCacheTooSmallError(ValueError):
+    """The KV budget cannot hold one request of max_model_len tokens."""
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: torch.dtype
+
+    @property
+    def bytes_per_token(self) -> int:
+        element_size = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element_size
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.bytes_per_token * self.block_size
+
+
+def kv_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    if kv_cache_dtype == "auto":
+        return model_dtype
+    if kv_cache_dtype == "fp8":
+        return torch.float8_e4m3fn
+    raise ValueError(f"unknown --kv-cache-dtype {kv_cache_dtype!r} (choose from "
+                     f"{', '.join(KV_CACHE_DTYPES)})")
+
+
+def num_blocks_for_budget(spec: KVCacheSpec, budget_bytes: int, max_model_len: int,
+                          max_num_seqs: int, is_default_budget: bool) -> int:
+    """Blocks (null block included) that fit in budget_bytes; refuses a budget too small.
+
+    A default budget (a fraction of RAM) is capped at what max_num_seqs requests of
+    max_model_len tokens could ever use; an explicit one is taken as given.
+    """
+    blocks_per_request = math.ceil(max_model_len / spec.block_size)
+    num_blocks = budget_bytes // spec.bytes_per_block
+    if is_default_budget:
+        num_blocks = min(num_blocks, max_num_seqs * blocks_per_request + NUM_NULL_BLOCKS)
+    if num_blocks - NUM_NULL_BLOCKS < blocks_per_request:
+        needed = (blocks_per_request + NUM_NULL_BLOCKS) * spec.bytes_per_block
+        raise KVCacheTooSmallError(
+            f"the KV cache budget ({_gib(budget_bytes)}) holds "
+            f"{max(num_blocks - NUM_NULL_BLOCKS, 0) * spec.block_size} tokens, fewer than one "
+            f"request of max_model_len={max_model_len} tokens needs ({_gib(needed)} at "
+            f"{spec.bytes_per_token} bytes per token): raise --kv-cache-memory (or "
+            f"--gpu-memory-utilization), lower --max-model-len, or use --kv-cache-dtype fp8")
+    return int(num_blocks)
+
+
+def allocate_kv_caches(spec: KVCacheSpec, num_blocks: int,
+                       device: torch.device) -> list[KVCache]:
+    """One [num_blocks, block_size, kv_heads, head_dim] key and value tensor per layer.
+
+    NOTE: zero-filled, not empty: attention reads whole blocks, and never-written slots of a
+    block must hold finite values (masked NaN garbage would still poison the softmax).
+    One allocation for all layers, so the cache is one region the allocator never splits.
+    """
+    shape = (spec.num_layers, 2, num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
+    storage = torch.zeros(shape, dtype=spec.dtype, device=device)
+    scales = torch.ones(spec.num_layers, 2, dtype=torch.float32, device=device)
+    return [KVCache(key=storage[i, 0], value=storage[i, 1],
+                    k_scale_tensor=scales[i, 0:1], v_scale_tensor=scales[i, 1:2])
+            for i in range(spec.num_layers)]
+
+
+def accelerator_kv_budget(gpu_memory_utilization: float, total_bytes: int,
+                          used_by_others_bytes: int, peak_bytes: int) -> int:
+    """vLLM's rule: utilization x total, minus what other processes held before we loaded and
+    our own peak (weights + activations of a forward pass at the maximum batch)."""
+    return int(gpu_memory_utilization * total_bytes) - used_by_others_bytes - peak_bytes
+
+
+def log_kv_cache_size(spec: KVCacheSpec, num_blocks: int, max_model_len: int) -> None:
+    num_tokens = (num_blocks - NUM_NULL_BLOCKS) * spec.block_size
+    log.info("KV cache sized", num_blocks=num_blocks, block_size=spec.block_size,
+             kv_cache_tokens=num_tokens, bytes_per_token=spec.bytes_per_token,
+             kv_cache_gib=round(num_blocks * spec.bytes_per_block / 2**30, 3),
+             dtype=str(spec.dtype).removeprefix("torch."),
+             max_concurrency=round(num_tokens / max_model_len, 2), max_model_len=max_model_len)
+
+
+def available_cpu_memory() -> int:
+    """MemAvailable from /proc/meminfo (bytes): what can be allocated without swapping."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("MemAvailable not found in /proc/meminfo")
+
+
+def _gib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**30:.2f} GiB"

@@ -1,0 +1,1 @@
+"""Model implementations the worker runs, looked up by the HF config's model_type."""

@@ -1,0 +1,91 @@
+"""The worker service: one per accelerator. It holds the model weights and KV tensors and
+runs the steps its scheduler sends (services/worker/model_runner.py does the work)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from services.common import wire
+from services.common.model_files import resolve_model
+from services.common.packing import pack_int32
+from services.common.service import Service
+from services.worker.model_runner import ModelRunner, RunnerConfig
+from services.worker.settings import WorkerSettings
+
+
+class WorkerService(Service):
+    name = "worker"
+
+    def __init__(self, settings: WorkerSettings) -> None:
+        super().__init__(settings)
+        self.settings: WorkerSettings = settings
+        self.runner: ModelRunner | None = None
+        # One thread runs every step in order; the event loop stays free for heartbeats.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-runner")
+        self._incarnation = time.time_ns() & 0x7FFF_FFFF_FFFF_FFFF
+        self._steps_in_flight = 0
+
+    async def setup(self) -> None:
+        files = await asyncio.to_thread(resolve_model, self.settings.model)
+        self.log.info("loading model", model=str(files.source), dtype=self.settings.dtype)
+        loop = asyncio.get_running_loop()
+        self.runner = await loop.run_in_executor(self._executor, ModelRunner,
+                                                 self._runner_config(files.hf_dir))
+        self._served_name = self.settings.served_model_name or files.served_name
+        bus = self.connected_bus
+        await bus.serve(self.subjects.worker_step(self.settings.engine_id), wire.StepInput,
+                        self.on_step)
+        await bus.serve(self.subjects.worker_info(self.settings.engine_id),
+                        wire.WorkerInfoRequest, self.on_info_request)
+        await bus.publish(self.subjects.worker_hello(self.settings.engine_id), self.worker_info())
+
+    def _runner_config(self, model_dir: Path) -> RunnerConfig:
+        s = self.settings
+        return RunnerConfig(
+            model_dir=model_dir, dtype=s.dtype, kv_cache_dtype=s.kv_cache_dtype,
+            block_size=s.block_size, max_model_len=s.max_model_len or None,
+            kv_cache_memory=s.kv_cache_memory or None,
+            kv_cache_memory_fraction=s.kv_cache_memory_fraction,
+            gpu_memory_utilization=s.gpu_memory_utilization, device=s.device,
+            attention_backend=s.attention_backend, max_num_seqs=s.max_num_seqs,
+            max_num_batched_tokens=s.max_num_batched_tokens, seed=s.seed,
+            num_threads=s.num_threads or None)
+
+    def worker_info(self) -> wire.WorkerInfo:
+        assert self.runner is not None
+        info = self.runner.info
+        return wire.WorkerInfo(
+            engine_id=self.settings.engine_id, worker_id=self.instance_id,
+            num_blocks=info.num_blocks, block_size=info.block_size,
+            max_model_len=info.max_model_len, model=self._served_name,
+            vocab_size=info.vocab_size, eos_token_ids=pack_int32(info.eos_token_ids),
+            incarnation=self._incarnation)
+
+    def readiness(self) -> tuple[bool, str]:
+        return (True, "") if self.runner is not None else (False, "loading model")
+
+    def fill_heartbeat(self, heartbeat: wire.Heartbeat) -> None:
+        heartbeat.engine_id = self.settings.engine_id
+
+    async def on_info_request(self, _: wire.WorkerInfoRequest) -> wire.WorkerInfo:
+        return self.worker_info()
+
+    async def on_step(self, step: wire.StepInput) -> wire.StepOutput:
+        assert self.runner is not None
+        self._steps_in_flight += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                self._executor, self.runner.execute, step)
+        finally:
+            self._steps_in_flight -= 1
+
+    async def drain(self) -> None:
+        # The scheduler drives steps; finish the one in flight, if any.
+        while self._steps_in_flight:
+            await asyncio.sleep(0.01)
+
+    async def close(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)

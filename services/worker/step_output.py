@@ -1,0 +1,56 @@
+"""Packs a step's results into the wire's column-wise StepOutput."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from services.common import wire
+from services.common.packing import pack_float32, pack_int32
+from services.worker.sampler import SamplerOutput, gather_logprobs
+from services.worker.step_batch import StepBatch
+
+
+def build_step_output(step: int, batch: StepBatch, sampled: np.ndarray,
+                      sampler_output: SamplerOutput, logprob_rows: torch.Tensor | None,
+                      prompt_logits: torch.Tensor | None) -> wire.StepOutput:
+    """sampled: int32 token per sampling request; prompt_logits: fp32 rows of the prompt
+    logprob chunks, in chunk order (None when no request asked for prompt logprobs)."""
+    sampling_handles = batch.handles[batch.sampling_index]
+    out = wire.StepOutput(step=step, handles=pack_int32(sampling_handles),
+                          sampled_token_ids=pack_int32(sampled))
+    if logprob_rows is not None:
+        out.logprob_handles = pack_int32(sampling_handles[logprob_rows.cpu().numpy()])
+        out.logprobs = logprob_columns(sampled[logprob_rows.cpu().numpy()],
+                                       sampler_output.logprobs, sampler_output.top_token_ids,
+                                       sampler_output.top_logprobs)
+    if batch.prompt_logprobs:
+        out.prompt_logprobs = _prompt_logprob_chunks(batch, prompt_logits)
+    return out
+
+
+def logprob_columns(token_ids: np.ndarray, logprobs: torch.Tensor, top_ids: torch.Tensor,
+                    top_logprobs: torch.Tensor) -> wire.LogprobColumns:
+    return wire.LogprobColumns(
+        token_ids=pack_int32(token_ids), logprobs=pack_float32(logprobs.cpu().numpy()),
+        num_top=top_ids.shape[1], top_token_ids=pack_int32(top_ids.cpu().numpy()),
+        top_logprobs=pack_float32(top_logprobs.cpu().numpy()))
+
+
+def _prompt_logprob_chunks(batch: StepBatch,
+                           prompt_logits: torch.Tensor | None) -> list[wire.PromptLogprobChunk]:
+    chunks = []
+    row = 0
+    for chunk in batch.prompt_logprobs:
+        count = len(chunk.target_token_ids)
+        columns = wire.LogprobColumns(num_top=chunk.num_top)
+        if count:
+            logprobs = prompt_logits[row:row + count].log_softmax(dim=-1)
+            targets = torch.from_numpy(chunk.target_token_ids.astype(np.int64))
+            columns = logprob_columns(chunk.target_token_ids,
+                                      *gather_logprobs(logprobs, targets.to(logprobs.device),
+                                                       chunk.num_top))
+        chunks.append(wire.PromptLogprobChunk(handle=chunk.handle, columns=columns,
+                                              is_last_chunk=chunk.is_last_chunk))
+        row += count
+    return chunks

@@ -1,0 +1,74 @@
+"""Attention backends against kernels.reference: writes, decodes, prefills, cached prefixes, GQA.
+
+The torch backend runs in-process; the triton adapter runs under the Triton interpreter in a
+subprocess (see tests/kernels/harness.py for why) and must agree with the torch backend.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels.reference import ref_paged_prefill_attention, ref_reshape_and_cache
+from services.worker.attention.torch_attn import TorchAttentionBackend, _e4m3_to_bf16
+from tests.worker.attention_cases import CASES, AttentionCase, make_step, run_backend
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _tolerance(case: AttentionCase) -> float:
+    if case.fp8:
+        return 0.15  # a fresh prefill attends to unquantized keys; the reference to e4m3 ones
+    return 2e-2 if case.dtype == torch.bfloat16 else 1e-5
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_torch_backend_matches_reference(case: AttentionCase) -> None:
+    step = make_step(case)
+    out, key_cache, value_cache = run_backend(TorchAttentionBackend, case, step)
+    ref_k, ref_v = step.key_cache.clone(), step.value_cache.clone()
+    ref_reshape_and_cache(step.key, step.value, ref_k, ref_v, step.common.slot_mapping)
+    want = ref_paged_prefill_attention(
+        step.query, ref_k, ref_v, step.common.block_table, step.common.query_start_loc,
+        step.common.seq_lens, case.head_dim ** -0.5)
+    assert torch.equal(key_cache.view(torch.uint8), ref_k.view(torch.uint8))
+    assert torch.equal(value_cache.view(torch.uint8), ref_v.view(torch.uint8))
+    assert out.shape == (step.query.shape[0], case.num_heads * case.head_dim)
+    err = (out.float() - want.reshape(out.shape).float()).abs().max().item()
+    assert err <= _tolerance(case), err
+
+
+def test_torch_backend_shares_metadata_across_layers() -> None:
+    case = CASES[0]
+    step = make_step(case)
+    backend = TorchAttentionBackend(case.num_heads, case.num_kv_heads, case.head_dim,
+                                    case.head_dim ** -0.5, 16)
+    metadata = backend.build_metadata(step.common)
+    assert metadata.num_decodes == 2 and len(metadata.prefills) == 2
+    fresh, chunk = metadata.prefills
+    assert fresh.block_ids is None and fresh.mask is None  # attends to its own keys
+    assert chunk.mask.shape == (9, 42) and bool(chunk.mask[0, 33]) and not chunk.mask[0, 34]
+
+
+def test_fp8_bytes_convert_exactly_to_bf16() -> None:
+    raw = torch.tensor([b for b in range(256) if b not in (0x7F, 0xFF)], dtype=torch.uint8)
+    want = raw.view(torch.float8_e4m3fn).to(torch.bfloat16)
+    assert torch.equal(_e4m3_to_bf16(raw), want)
+
+
+def test_triton_adapter_matches_torch_backend_in_interpreter() -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, "-m", "tests.worker.attention_cases"], cwd=REPO_ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = {r["case"]: r for r in map(json.loads, proc.stdout.splitlines())}
+    assert set(results) == {c.name for c in CASES}
+    for case in CASES:
+        assert results[case.name]["cache"] == 0.0, case.name
+        assert results[case.name]["out"] <= _tolerance(case), (case.name, results[case.name])

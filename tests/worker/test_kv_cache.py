@@ -1,0 +1,71 @@
+"""KV cache sizing: bytes per token, the budget, and refusing a budget too small."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.worker.kv_cache import (
+    KVCacheSpec,
+    KVCacheTooSmallError,
+    accelerator_kv_budget,
+    allocate_kv_caches,
+    kv_cache_dtype,
+    num_blocks_for_budget,
+)
+
+# SmolLM2-135M: 30 layers, 3 KV heads of 64.
+SMOLLM2 = dict(num_layers=30, num_kv_heads=3, head_dim=64, block_size=16)
+
+
+def test_bytes_per_token_follow_the_formula_and_fp8_halves_16_bit() -> None:
+    fp32 = KVCacheSpec(**SMOLLM2, dtype=torch.float32)
+    bf16 = KVCacheSpec(**SMOLLM2, dtype=kv_cache_dtype("auto", torch.bfloat16))
+    fp8 = KVCacheSpec(**SMOLLM2, dtype=kv_cache_dtype("fp8", torch.bfloat16))
+    assert fp32.bytes_per_token == 2 * 30 * 3 * 64 * 4 == 46080
+    assert bf16.bytes_per_token == fp32.bytes_per_token // 2
+    assert fp8.bytes_per_token == bf16.bytes_per_token // 2
+    assert fp8.bytes_per_block == 16 * fp8.bytes_per_token
+
+
+def test_budget_gives_whole_blocks() -> None:
+    spec = KVCacheSpec(**SMOLLM2, dtype=torch.float32)
+    budget = 100 * spec.bytes_per_block + 123
+    assert num_blocks_for_budget(spec, budget, 1024, 256, is_default_budget=False) == 100
+
+
+def test_default_budget_is_capped_at_what_max_num_seqs_can_use() -> None:
+    spec = KVCacheSpec(**SMOLLM2, dtype=torch.float32)
+    blocks = num_blocks_for_budget(spec, 10**12, max_model_len=100, max_num_seqs=4,
+                                   is_default_budget=True)
+    assert blocks == 4 * 7 + 1  # 7 blocks per 100-token request, plus the null block
+    assert num_blocks_for_budget(spec, 10**10, 100, 4, is_default_budget=False) > blocks
+
+
+def test_refuses_a_budget_below_one_max_length_request_with_what_to_do() -> None:
+    spec = KVCacheSpec(**SMOLLM2, dtype=torch.float32)
+    budget = 64 * spec.bytes_per_block  # 63 usable blocks = 1008 tokens
+    assert num_blocks_for_budget(spec, budget, 1008, 8, False) == 64
+    with pytest.raises(KVCacheTooSmallError) as err:
+        num_blocks_for_budget(spec, budget, 1009, 8, False)
+    assert isinstance(err.value, ValueError)
+    message = str(err.value)
+    assert "--kv-cache-memory" in message and "--max-model-len" in message
+    assert "1008 tokens" in message and "46080 bytes per token" in message
+
+
+def test_accelerator_budget_subtracts_others_and_our_peak() -> None:
+    gib = 2**30
+    assert accelerator_kv_budget(0.9, 80 * gib, 2 * gib, 10 * gib) == int(0.9 * 80 * gib) - 12 * gib
+
+
+def test_allocated_caches_are_zeroed_views_of_one_region() -> None:
+    spec = KVCacheSpec(num_layers=3, num_kv_heads=2, head_dim=8, block_size=4,
+                       dtype=torch.float8_e4m3fn)
+    caches = allocate_kv_caches(spec, 5, torch.device("cpu"))
+    assert len(caches) == 3 and all(c.is_fp8 for c in caches)
+    assert caches[0].key.shape == (5, 4, 2, 8)
+    storages = {c.untyped_storage().data_ptr() for cache in caches
+                for c in (cache.key, cache.value)}
+    assert len(storages) == 1
+    assert not caches[1].value.float().any()
