@@ -1,0 +1,88 @@
+"""Benchmarks the whole mesh the way users run it: `llm-mesh up` with the given flags, then
+`llm-mesh bench serve` against it, then a clean stop. Several configurations run one after
+the other in one invocation, so a comparison is measured in one run on one machine.
+
+    python scripts/bench_mesh.py \
+        --config "fp32=--dtype float32" --config "bf16=--dtype bfloat16" \
+        --bench "--workload random --input-len 128 --output-len 128 --ignore-eos \
+                 --sweep 1,8,32 --sweep-by concurrency --num-prompts 64"
+
+Prints the bench report of each configuration and writes JSON results under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from llm_mesh.embedded import free_port
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def wait_healthy(url: str, process: subprocess.Popen, log: Path, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"llm-mesh up exited:\n{log.read_text()[-4000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"mesh not ready:\n{log.read_text()[-4000:]}")
+
+
+def scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return response.read().decode()
+
+
+def run_config(label: str, up_args: list[str], bench_args: list[str], out_dir: Path) -> dict:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = out_dir / f"{label}.mesh.log"
+    with open(log, "wb") as log_file:
+        mesh = subprocess.Popen(
+            [sys.executable, "-m", "llm_mesh.cli", "up", "--port", str(port), "--log-format",
+             "json", *up_args], stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        wait_healthy(url, mesh, log)
+        result = out_dir / f"{label}.json"
+        print(f"\n### {label}: llm-mesh up {' '.join(up_args)}", flush=True)
+        subprocess.run([sys.executable, "-m", "llm_mesh.bench", "serve", "--base-url", url,
+                        "--result-json", str(result), "--no-progress", *bench_args],
+                       check=True, cwd=REPO_ROOT)
+        (out_dir / f"{label}.gateway-metrics.txt").write_text(scrape(f"{url}/metrics"))
+        return json.loads(result.read_text())
+    finally:
+        mesh.send_signal(signal.SIGINT)
+        mesh.wait(timeout=90)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", action="append", required=True,
+                        help='"label=<llm-mesh up flags>"; repeat to compare')
+    parser.add_argument("--bench", required=True, help="llm-mesh bench serve flags")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench-results")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    for config in args.config:
+        label, _, flags = config.partition("=")
+        run_config(label, shlex.split(flags), shlex.split(args.bench), args.out)
+
+
+if __name__ == "__main__":
+    main()
