@@ -5,15 +5,15 @@ the other in one invocation, so a comparison is measured in one run on one machi
     python scripts/bench_mesh.py \
         --config "fp32=--dtype float32" --config "bf16=--dtype bfloat16" \
         --bench "--workload random --input-len 128 --output-len 128 --ignore-eos \
-                 --sweep 1,8,32 --sweep-by concurrency --num-prompts 64"
+                 --max-concurrency 8 --num-prompts 16"
 
-Prints the bench report of each configuration and writes JSON results under --out.
+Each --bench runs in turn against each configuration's mesh. Prints the bench reports
+and writes JSON results under --out.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import signal
@@ -48,7 +48,7 @@ def scrape(url: str) -> str:
         return response.read().decode()
 
 
-def run_config(label: str, up_args: list[str], bench_args: list[str], out_dir: Path) -> dict:
+def run_config(label: str, up_args: list[str], benches: list[list[str]], out_dir: Path) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = out_dir / f"{label}.mesh.log"
@@ -59,13 +59,12 @@ def run_config(label: str, up_args: list[str], bench_args: list[str], out_dir: P
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         wait_healthy(url, mesh, log)
-        result = out_dir / f"{label}.json"
         print(f"\n### {label}: llm-mesh up {' '.join(up_args)}", flush=True)
-        subprocess.run([sys.executable, "-m", "llm_mesh.bench", "serve", "--base-url", url,
-                        "--result-json", str(result), "--no-progress", *bench_args],
-                       check=True, cwd=REPO_ROOT)
+        for index, bench_args in enumerate(benches):
+            subprocess.run([sys.executable, "-m", "llm_mesh.bench", "serve", "--base-url", url,
+                            "--result-json", str(out_dir / f"{label}.{index}.json"),
+                            "--no-progress", *bench_args], check=True, cwd=REPO_ROOT)
         (out_dir / f"{label}.gateway-metrics.txt").write_text(scrape(f"{url}/metrics"))
-        return json.loads(result.read_text())
     finally:
         mesh.send_signal(signal.SIGINT)
         mesh.wait(timeout=90)
@@ -75,13 +74,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", action="append", required=True,
                         help='"label=<llm-mesh up flags>"; repeat to compare')
-    parser.add_argument("--bench", required=True, help="llm-mesh bench serve flags")
+    parser.add_argument("--bench", action="append", required=True,
+                        help="llm-mesh bench serve flags; repeat to run several in turn")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench-results")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     for config in args.config:
         label, _, flags = config.partition("=")
-        run_config(label, shlex.split(flags), shlex.split(args.bench), args.out)
+        run_config(label, shlex.split(flags), [shlex.split(b) for b in args.bench], args.out)
 
 
 if __name__ == "__main__":
