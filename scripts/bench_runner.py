@@ -6,13 +6,24 @@ bound of a batch-1 step (weight bytes / measured read bandwidth), prefill tokens
 --max-num-batched-tokens per step, and where a decode step's time goes (input preparation,
 forward with attention broken out, sampling, output packing). Medians throughout.
 
+--kernels cpp,torch runs everything twice in one invocation, with the C++ CPU kernels and with
+the pure-torch fallback (LLM_MESH_CPU_KERNELS=0), and prints the torch/cpp step-time ratios;
+--mixed-contexts 160x15,2100x1 adds a decode batch of unequal contexts (15 requests of 160
+tokens and one of 2,100); --background busy|light runs a competing process during the
+measurements (busy: one core kept at 100%; light: ~1 ms of CPU every 10 ms, like the mesh's
+other services).
+
     .venv/bin/python scripts/bench_runner.py --dtypes float32,bfloat16 --batch-sizes 1,8,32,64
+    .venv/bin/python scripts/bench_runner.py --kernels cpp,torch --mixed-contexts 160x15,2100x1
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,8 +34,16 @@ import torch
 
 from services.common import wire
 from services.common.model_files import resolve_model
+from kernels import cpu_ops
 from services.common.packing import pack_int32
 from services.worker.model_runner import ModelRunner, RunnerConfig
+
+# A competing process for --background: `busy` spins one core; `light` spins ~1 ms every 10 ms.
+BACKGROUND_CODE = {
+    "busy": "while True: pass",
+    "light": ("import time\nwhile True:\n    t = time.perf_counter()\n"
+              "    while time.perf_counter() - t < 0.001: pass\n    time.sleep(0.009)"),
+}
 
 
 @dataclass
@@ -38,26 +57,28 @@ class Driver:
     next_block: int = 1
     num_computed: dict[int, int] = field(default_factory=dict)
 
-    def add_and_prefill(self, handles: list[int], budget: int) -> list[float]:
+    def add_and_prefill(self, handles: list[int], budget: int,
+                        prompt_lens: list[int] | None = None) -> list[float]:
         """Prefills the requests under the token budget; returns each step's seconds."""
         rng = np.random.default_rng(0)
         vocab = self.runner.info.vocab_size
         bs = self.runner.block_size
-        blocks_per_req = -(-(self.prompt_len + self.max_new_tokens + 1) // bs)
+        lens = dict(zip(handles, prompt_lens or [self.prompt_len] * len(handles)))
         pending = []
         for h in handles:
-            tokens = rng.integers(100, vocab - 100, self.prompt_len)
+            tokens = rng.integers(100, vocab - 100, lens[h])
+            blocks_per_req = -(-(lens[h] + self.max_new_tokens + 1) // bs)
             blocks = range(self.next_block, self.next_block + blocks_per_req)
             self.next_block += blocks_per_req
             pending.append(wire.NewRequestData(
                 handle=h, request_id=str(h), token_ids=pack_int32(tokens),
-                num_prompt_tokens=self.prompt_len, block_ids=pack_int32(blocks),
+                num_prompt_tokens=lens[h], block_ids=pack_int32(blocks),
                 sampling=wire.SamplingParams(ignore_eos=True)))
         times, started = [], []
-        while pending or any(self.num_computed[h] < self.prompt_len for h in started):
+        while pending or any(self.num_computed[h] < lens[h] for h in started):
             new, new_sched, cached, cached_sched, left = [], [], [], [], budget
             for h in started:
-                todo = min(self.prompt_len - self.num_computed[h], left)
+                todo = min(lens[h] - self.num_computed[h], left)
                 if todo > 0:
                     cached.append(h)
                     cached_sched.append(todo)
@@ -65,7 +86,7 @@ class Driver:
             while pending and left > 0:
                 req = pending.pop(0)
                 new.append(req)
-                new_sched.append(min(self.prompt_len, left))
+                new_sched.append(min(lens[req.handle], left))
                 self.num_computed[req.handle] = 0
                 started.append(req.handle)
                 left -= new_sched[-1]
@@ -134,45 +155,69 @@ def read_bandwidth_gbs() -> float:
                gbs(lambda: torch.nn.functional.linear(vector, weight), weight.numel() * 4))
 
 
-def bench_dtype(args: argparse.Namespace, model_dir: Path, dtype: str, bandwidth: float) -> None:
+def bench_dtype(args: argparse.Namespace, model_dir: Path, dtype: str, kernels: str,
+                bandwidth: float) -> dict[str, float]:
+    """Median decode step (ms) per batch label, with the C++ kernels or the torch fallback."""
+    os.environ[cpu_ops.ENV_CPU_KERNELS] = "0" if kernels == "torch" else "1"
     started = time.perf_counter()
+    longest = max([args.prompt_len] + [n for n, _ in args.mixed_contexts])
     runner = ModelRunner(RunnerConfig(
         model_dir=model_dir, dtype=dtype, kv_cache_dtype=args.kv_cache_dtype,
-        max_model_len=args.prompt_len + args.decode_steps + 64,
-        kv_cache_memory=args.kv_cache_gib * 2**30,
-        max_num_seqs=max(args.batch_sizes), max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=longest + args.decode_steps + 64,
+        kv_cache_memory=int(args.kv_cache_gib * 2**30),
+        max_num_seqs=max(args.batch_sizes + [sum(c for _, c in args.mixed_contexts)]),
+        max_num_batched_tokens=args.max_num_batched_tokens,
         attention_backend=args.attention_backend, num_threads=args.num_threads))
     kv_tokens = (runner.info.num_blocks - 1) * runner.info.block_size
-    print(f"\n== {dtype} (kv cache {args.kv_cache_dtype}: {kv_tokens} tokens in "
-          f"{args.kv_cache_gib} GiB, {runner.kv_spec.bytes_per_token} B/token; start-up "
+    print(f"\n== {dtype}, {kernels} kernels ({type(runner.attn_backend).__name__}; kv cache "
+          f"{args.kv_cache_dtype}: {kv_tokens} tokens in {args.kv_cache_gib} GiB, "
+          f"{runner.kv_spec.bytes_per_token} B/token; start-up "
           f"{time.perf_counter() - started:.1f} s, weights {runner.model.num_bytes / 1e6:.0f} MB)")
     timer = AttentionTimer(runner)
     driver = Driver(runner, args.prompt_len, args.decode_steps)
     bound_ms = runner.model.num_bytes / (bandwidth * 1e9) * 1e3
-    for batch_size in args.batch_sizes:
-        handles = list(range(batch_size))
-        prefill_times = driver.add_and_prefill(handles, args.max_num_batched_tokens)
-        phases: dict[str, list[float]] = {k: [] for k in
-                                          ("step", "prepare", "forward", "attention", "sample",
-                                           "output")}
-        for _ in range(args.decode_steps):
-            timer.seconds = 0.0
-            out = driver.decode(handles)
-            phases["step"].append(out.execute_s)
-            phases["attention"].append(timer.seconds)
-            for k, v in runner.last_step_timings.items():
-                phases[k].append(v)
-        med = {k: statistics.median(v) * 1e3 for k, v in phases.items()}
-        prefill_tps = batch_size * args.prompt_len / sum(prefill_times)
-        line = (f"batch {batch_size:3d}: decode step {med['step']:6.1f} ms "
-                f"({batch_size / med['step'] * 1e3:6.0f} tok/s)  prefill {prefill_tps:6.0f} tok/s"
+    cases = [(f"batch {b:3d}", [args.prompt_len] * b) for b in args.batch_sizes]
+    if args.mixed_contexts:
+        label = "+".join(f"{c}x{n}" for n, c in args.mixed_contexts)
+        cases.append((f"mixed {label}", [n for n, c in args.mixed_contexts for _ in range(c)]))
+    step_ms = {}
+    for label, prompt_lens in cases:
+        med, prefill_tps = measure(args, driver, timer, prompt_lens)
+        step_ms[label] = med["step"]
+        num = len(prompt_lens)
+        line = (f"{label}: decode step {med['step']:6.1f} ms "
+                f"({num / med['step'] * 1e3:6.0f} tok/s)  prefill {prefill_tps:6.0f} tok/s"
                 f" | prepare {med['prepare']:.2f} forward {med['forward']:.1f} "
                 f"(attention {med['attention']:.1f}) sample {med['sample']:.2f} "
                 f"output {med['output']:.2f} ms")
-        if batch_size == 1:
+        if num == 1:
             line += f" | bound {bound_ms:.1f} ms ({med['step'] / bound_ms:.2f}x)"
         print(line, flush=True)
-        driver.finish(handles)
+    return step_ms
+
+
+def measure(args: argparse.Namespace, driver: Driver, timer: AttentionTimer,
+            prompt_lens: list[int]) -> tuple[dict[str, float], float]:
+    """Prefills the requests, then medians (ms) of --decode-steps decode steps' phases."""
+    handles = list(range(len(prompt_lens)))
+    prefill_times = driver.add_and_prefill(handles, args.max_num_batched_tokens, prompt_lens)
+    phases: dict[str, list[float]] = {k: [] for k in ("step", "prepare", "forward", "attention",
+                                                      "sample", "output")}
+    for _ in range(args.decode_steps):
+        timer.seconds = 0.0
+        out = driver.decode(handles)
+        phases["step"].append(out.execute_s)
+        phases["attention"].append(timer.seconds)
+        for k, v in driver.runner.last_step_timings.items():
+            phases[k].append(v)
+    driver.finish(handles)
+    return ({k: statistics.median(v) * 1e3 for k, v in phases.items()},
+            sum(prompt_lens) / sum(prefill_times))
+
+
+def parse_contexts(spec: str) -> list[tuple[int, int]]:
+    """'160x15,2100x1' -> [(160, 15), (2100, 1)]: (context tokens, number of requests)."""
+    return [(int(n), int(c)) for n, c in (p.split("x") for p in spec.split(",") if p)]
 
 
 def main() -> None:
@@ -180,7 +225,7 @@ def main() -> None:
     parser.add_argument("--model", default="", help="HF dir or GGUF (default: SmolLM2-135M)")
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--batch-sizes", default="1,8,32,64",
-                        type=lambda s: [int(x) for x in s.split(",")])
+                        type=lambda s: [int(x) for x in s.split(",") if x])
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--decode-steps", type=int, default=32)
     parser.add_argument("--max-num-batched-tokens", type=int, default=512)
@@ -188,14 +233,35 @@ def main() -> None:
     parser.add_argument("--kv-cache-gib", type=float, default=2.0)
     parser.add_argument("--attention-backend", default="auto")
     parser.add_argument("--num-threads", type=int, default=None, help="default: all cores")
+    parser.add_argument("--kernels", default="cpp",
+                        help="cpp (C++ CPU kernels), torch (the fallback), or both: cpp,torch")
+    parser.add_argument("--mixed-contexts", default="", type=parse_contexts,
+                        help="also a decode batch of unequal contexts, e.g. 160x15,2100x1")
+    parser.add_argument("--background", default="none", choices=["none", *BACKGROUND_CODE],
+                        help="a competing process during the run")
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
     model_dir = resolve_model(args.model).hf_dir
     torch.set_num_threads(args.num_threads or torch.get_num_threads())
     bandwidth = read_bandwidth_gbs()
-    print(f"read bandwidth {bandwidth:.1f} GB/s, {torch.get_num_threads()} threads")
-    for dtype in args.dtypes.split(","):
-        bench_dtype(args, model_dir, dtype, bandwidth)
+    background = None
+    if args.background != "none":
+        background = subprocess.Popen([sys.executable, "-c", BACKGROUND_CODE[args.background]])
+    try:
+        print(f"read bandwidth {bandwidth:.1f} GB/s, {torch.get_num_threads()} threads, "
+              f"background {args.background}, OMP_WAIT_POLICY="
+              f"{os.environ.get('OMP_WAIT_POLICY', '-')} GOMP_SPINCOUNT="
+              f"{os.environ.get('GOMP_SPINCOUNT', '-')}")
+        kernels = args.kernels.split(",")
+        for dtype in args.dtypes.split(","):
+            results = {k: bench_dtype(args, model_dir, dtype, k, bandwidth) for k in kernels}
+            if len(kernels) == 2:
+                base, other = (results[k] for k in kernels)
+                print(f"-- {dtype}: {kernels[1]} / {kernels[0]} step time: " + ", ".join(
+                    f"{label.strip()} {other[label] / base[label]:.2f}x" for label in base))
+    finally:
+        if background is not None:
+            background.kill()
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kernels.reference import ref_paged_prefill_attention, ref_reshape_and_cache
 from services.worker.attention.backend import AttentionBackend, CommonAttentionMetadata, KVCache
 
 BLOCK_SIZE = 16
@@ -106,6 +107,18 @@ def run_backend(backend_cls: type[AttentionBackend], case: AttentionCase,
     out = backend.forward(step.query, step.key, step.value, kv_cache,
                           backend.build_metadata(step.common))
     return out, kv_cache.key, kv_cache.value
+
+
+def run_reference(case: AttentionCase, step: Step) -> tuple[torch.Tensor, torch.Tensor,
+                                                              torch.Tensor]:
+    """kernels.reference on the step: (output [T, Hq, D], key cache, value cache)."""
+    key_cache, value_cache = step.key_cache.clone(), step.value_cache.clone()
+    ref_reshape_and_cache(step.key, step.value, key_cache, value_cache,
+                          step.common.slot_mapping)
+    out = ref_paged_prefill_attention(
+        step.query, key_cache, value_cache, step.common.block_table,
+        step.common.query_start_loc, step.common.seq_lens, case.head_dim ** -0.5)
+    return out, key_cache, value_cache
 
 
 def _compare_triton_with_torch() -> None:

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.reference import ref_paged_prefill_attention, ref_reshape_and_cache
 from services.worker.attention.torch_attn import TorchAttentionBackend, _e4m3_to_bf16
-from tests.worker.attention_cases import CASES, AttentionCase, make_step, run_backend
+from tests.worker.attention_cases import (CASES, AttentionCase, make_step, run_backend,
+                                          run_reference)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,11 +32,7 @@ def _tolerance(case: AttentionCase) -> float:
 def test_torch_backend_matches_reference(case: AttentionCase) -> None:
     step = make_step(case)
     out, key_cache, value_cache = run_backend(TorchAttentionBackend, case, step)
-    ref_k, ref_v = step.key_cache.clone(), step.value_cache.clone()
-    ref_reshape_and_cache(step.key, step.value, ref_k, ref_v, step.common.slot_mapping)
-    want = ref_paged_prefill_attention(
-        step.query, ref_k, ref_v, step.common.block_table, step.common.query_start_loc,
-        step.common.seq_lens, case.head_dim ** -0.5)
+    want, ref_k, ref_v = run_reference(case, step)
     assert torch.equal(key_cache.view(torch.uint8), ref_k.view(torch.uint8))
     assert torch.equal(value_cache.view(torch.uint8), ref_v.view(torch.uint8))
     assert out.shape == (step.query.shape[0], case.num_heads * case.head_dim)

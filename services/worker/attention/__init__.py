@@ -18,11 +18,24 @@ __all__ = ["ATTENTION_BACKENDS", "AttentionBackend", "CommonAttentionMetadata", 
            "get_attention_backend_cls"]
 
 
-def get_attention_backend_cls(name: str, device: torch.device) -> type[AttentionBackend]:
-    """`auto` picks triton on CUDA and torch elsewhere; triton is imported only when chosen."""
+def get_attention_backend_cls(name: str, device: torch.device,
+                              kv_cache_dtype: str = "auto") -> type[AttentionBackend]:
+    """`auto` picks triton on CUDA and torch elsewhere; triton is imported only when chosen.
+
+    On CPU, `torch` runs its KV write and attention in the C++ kernels (kernels/cpu_ops.py)
+    when they could be built, and in torch ops otherwise. An fp8 KV cache stays on the torch
+    ops: they attend a prompt to its own unquantized K/V (the kernels read every key from
+    the quantized cache, which flipped the first token of 1 prompt in 12 against fp32).
+    """
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch"
     if name == "torch":
+        from kernels import cpu_ops
+
+        if device.type == "cpu" and kv_cache_dtype != "fp8" and cpu_ops.load() is not None:
+            from services.worker.attention.cpu_attn import CpuAttentionBackend
+
+            return CpuAttentionBackend
         from services.worker.attention.torch_attn import TorchAttentionBackend
 
         return TorchAttentionBackend

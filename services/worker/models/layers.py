@@ -1,4 +1,4 @@
-"""The few building blocks the Llama family needs: a linear layer and RMSNorm.
+"""The linear layer the Llama family is built from (its small fused steps: layer_ops.py).
 
 Layers are plain objects holding tensors, not nn.Modules: a decode step calls ~200 of them and
 Module.__call__ costs microseconds each on the hot path.
@@ -76,11 +76,3 @@ def _try_prepack(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tenso
         log.warning("oneDNN weight prepacking unavailable; using MKL", error=str(e))
         return None
 
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    if x.dtype == torch.float32:
-        return F.rms_norm(x, weight.shape, weight, eps)
-    # NOTE: 16-bit inputs round as HF's LlamaRMSNorm does (normalize in fp32, cast, then scale
-    # in the model dtype); F.rms_norm on them rounds once at the end and differs in ~1/4 of
-    # elements.
-    return weight * F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype)

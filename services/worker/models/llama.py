@@ -17,16 +17,18 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from kernels import cpu_ops
 from services.worker.attention.backend import AttentionBackend, KVCache
 from services.worker.models.config import ModelConfig
-from services.worker.models.layers import Linear, rms_norm
+from services.worker.models.layer_ops import CpuLayerOps, TorchLayerOps
+from services.worker.models.layers import Linear
 from services.worker.models.rotary import RotaryEmbedding
 from services.worker.models.weights import WeightSource
 
 
 class LlamaDecoderLayer:
     def __init__(self, config: ModelConfig, weights: WeightSource, index: int,
-                 attn: AttentionBackend, rotary: RotaryEmbedding):
+                 attn: AttentionBackend, rotary: RotaryEmbedding, ops: TorchLayerOps):
         prefix = f"layers.{index}."
         attn_prefix = prefix + "self_attn."
         qkv_names = [f"{attn_prefix}{p}_proj.weight" for p in "qkv"]
@@ -49,9 +51,9 @@ class LlamaDecoderLayer:
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
-        self.intermediate_size = config.intermediate_size
         self.attn = attn
         self.rotary = rotary
+        self.ops = ops
         self.kv_cache: KVCache | None = None
 
     @property
@@ -63,17 +65,14 @@ class LlamaDecoderLayer:
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
                 sin: torch.Tensor, attn_metadata: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        # NOTE: the residual stream is summed in place into the freshly produced tensors
-        # (hidden + residual is the same IEEE sum as HF's residual + hidden).
-        residual = hidden if residual is None else hidden.add_(residual)
-        hidden = rms_norm(residual, self.input_layernorm, self.eps)
+        # NOTE: the residual stream is summed in place into the freshly produced tensors.
+        hidden, residual = self.ops.add_rms_norm(hidden, residual, self.input_layernorm,
+                                                 self.eps)
         q, k, v = self._qkv(self.qkv_proj(hidden), cos, sin)
         hidden = self.o_proj(self.attn.forward(q, k, v, self.kv_cache, attn_metadata))
-        residual = hidden.add_(residual)
-        hidden = rms_norm(residual, self.post_attention_layernorm, self.eps)
-        gate_up = self.gate_up_proj(hidden)
-        hidden = F.silu(gate_up[:, :self.intermediate_size]).mul_(
-            gate_up[:, self.intermediate_size:])
+        hidden, residual = self.ops.add_rms_norm(hidden, residual,
+                                                 self.post_attention_layernorm, self.eps)
+        hidden = self.ops.silu_and_mul(self.gate_up_proj(hidden))
         return self.down_proj(hidden), residual
 
     def _qkv(self, qkv: torch.Tensor, cos: torch.Tensor,
@@ -87,8 +86,8 @@ class LlamaDecoderLayer:
             # NOTE: q and k sit side by side in the qkv output: one rope call rotates both.
             qk = self.rotary.apply(qk, cos, sin)
             return qk[:, :self.num_heads], qk[:, self.num_heads:], v
-        q = rms_norm(qk[:, :self.num_heads], self.q_norm, self.eps)
-        k = rms_norm(qk[:, self.num_heads:], self.k_norm, self.eps)
+        q = self.ops.rms_norm(qk[:, :self.num_heads], self.q_norm, self.eps)
+        k = self.ops.rms_norm(qk[:, self.num_heads:], self.k_norm, self.eps)
         return self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin), v
 
 
@@ -96,10 +95,14 @@ class LlamaForCausalLM:
     def __init__(self, config: ModelConfig, weights: WeightSource, attn: AttentionBackend,
                  max_position: int):
         self.config = config
+        # NOTE: on CPU the layers' small steps run as fused C++ kernels where they could be
+        # built (kernels/cpu_ops.py), in torch otherwise.
+        kernels = cpu_ops.load() if weights.device.type == "cpu" else None
+        self.ops = CpuLayerOps(kernels) if kernels is not None else TorchLayerOps()
         self.rotary = RotaryEmbedding(config.head_dim, max_position, config.rope_theta,
-                                      config.rope_scaling, weights.dtype, weights.device)
+                                      config.rope_scaling, weights.dtype, weights.device, kernels)
         self.embed_tokens = weights.get("embed_tokens.weight")
-        self.layers = [LlamaDecoderLayer(config, weights, i, attn, self.rotary)
+        self.layers = [LlamaDecoderLayer(config, weights, i, attn, self.rotary, self.ops)
                        for i in range(config.num_hidden_layers)]
         self.norm = weights.get("norm.weight")
         tied = config.tie_word_embeddings or "lm_head.weight" not in weights
@@ -122,7 +125,7 @@ class LlamaForCausalLM:
         residual = None
         for layer in self.layers:
             hidden, residual = layer.forward(hidden, residual, cos, sin, attn_metadata)
-        return rms_norm(hidden.add_(residual), self.norm, self.config.rms_norm_eps)
+        return self.ops.add_rms_norm(hidden, residual, self.norm, self.config.rms_norm_eps)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits [rows, vocab] for the rows that need them (sampling, prompt logprobs)."""

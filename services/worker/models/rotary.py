@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -17,10 +18,12 @@ class RotaryEmbedding:
 
     NOTE: the sign of rotate_half is folded into the sin table (its first half is negated), so
     applying rope is x * cos + roll(x, head_dim / 2) * sin: no slicing and no cat per layer.
+    With the CPU kernels (`ops`), one C++ call rotates x in place with the same roundings.
     """
 
     def __init__(self, head_dim: int, max_position: int, theta: float,
-                 scaling: dict[str, Any] | None, dtype: torch.dtype, device: torch.device):
+                 scaling: dict[str, Any] | None, dtype: torch.dtype, device: torch.device,
+                 ops: ModuleType | None = None):
         inv_freq = _inverse_frequencies(head_dim, theta, scaling)
         positions = torch.arange(max_position, dtype=torch.float32)
         # NOTE: the same fp32 arithmetic as HF (positions x inv_freq, then cos/sin, then the cast
@@ -32,13 +35,18 @@ class RotaryEmbedding:
         self.cos_cache = emb.cos().to(dtype).to(device)
         self.sin_cache = (emb.sin().to(dtype) * sign.to(dtype)).to(device)
         self.half = half
+        self.ops = ops
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [num_tokens, 1, head_dim] for the step's positions."""
         return self.cos_cache[positions].unsqueeze(1), self.sin_cache[positions].unsqueeze(1)
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Rotates x [num_tokens, num_heads, head_dim]; returns a new contiguous tensor."""
+        """Rotates x [num_tokens, num_heads, head_dim]: in place with the CPU kernels (x may be
+        a strided view), else into a new contiguous tensor. Returns the rotated tensor."""
+        if self.ops is not None:
+            self.ops.rotary_embedding(x, cos, sin)
+            return x
         rotated = torch.roll(x, self.half, dims=-1).mul_(sin)
         # NOTE: a separate mul and add (not addcmul) round like HF's q * cos + rot(q) * sin.
         return (x * cos).add_(rotated)

@@ -1,0 +1,350 @@
+// Paged attention over the KV cache in place: no gather copy, no padding to the longest context.
+//
+// Each work item (attention_plan.cpp) holds R = query tokens x group rows: the query heads of
+// one KV head. Keys are visited in chunks of kVec tokens; each chunk's K/V rows are found
+// through the block table (fp32 caches are read in place; bf16 / fp16 / fp8 rows are converted
+// to fp32 once, into L1). Per chunk: scores, an online-softmax update (running max and sum per
+// row, accumulators rescaled), then acc += p @ V. Scores come from one of two layouts:
+// - few rows (decodes): dot products, S[row][key], keys in vector lanes;
+// - R a multiple of kVec (prefill tiles): Q transposed once per item, S[key][row], rows in
+//   lanes, so each score vector is D broadcast-FMAs with no horizontal sums.
+// All math is fp32; the softmax uses Sleef's 1-ulp exp (torch's own).
+#include "attention.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace mesh_cpu {
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+struct Args {
+  const char* query; int64_t q_stride; at::ScalarType q_dtype;
+  char* out; int64_t out_stride;
+  const char* key_cache; const char* value_cache; at::ScalarType cache_dtype;
+  int64_t elem_size, cache_elem_size;
+  const int32_t* block_table; int64_t bt_stride, bt_rows, bt_cols;
+  int64_t num_tokens;
+  int num_kv_heads, group, head_dim, block_size;
+  int64_t num_blocks;
+  float q_scale, v_scale;
+  float* partials;
+};
+
+struct Scratch {
+  std::vector<float> q, acc, s, m, l, corr, pos, kbuf, vbuf, zero;
+  Scratch(int rows, int d)
+      : q(rows * d), acc(rows * d), s(rows * kVec), m(rows), l(rows), corr(rows), pos(rows),
+        kbuf(kVec * d), vbuf(kVec * d), zero(d, 0.f) {}
+};
+
+void load_row(const Args& a, int token, int head, float* dst) {
+  const char* src = a.query + (token * a.q_stride + head * a.head_dim) * a.elem_size;
+  MESH_DISPATCH_MODEL_DTYPE(a.q_dtype, T, [&] {
+    row_to_f32(reinterpret_cast<const T*>(src), dst, a.head_dim, a.q_scale);
+  });
+}
+
+void store_row(const Args& a, int token, int head, const float* src, float mul) {
+  char* dst = a.out + (token * a.out_stride + head * a.head_dim) * a.elem_size;
+  MESH_DISPATCH_MODEL_DTYPE(a.q_dtype, T, [&] {
+    for (int i = 0; i < a.head_dim; i += kVec) {
+      store_f32(reinterpret_cast<T*>(dst) + i, fVec::loadu(src + i) * fVec(mul));
+    }
+  });
+}
+
+// Row pointers of keys [c0, c0 + n) (padded to kVec with a zero row), as fp32.
+template <typename TC>
+void gather_rows(const Args& a, const int32_t* bt, int kv_head, int c0, int n,
+                 const float** krow, const float** vrow, Scratch& sc) {
+  const TC* kc = reinterpret_cast<const TC*>(a.key_cache);
+  const TC* vc = reinterpret_cast<const TC*>(a.value_cache);
+  for (int t = 0; t < n; ++t) {
+    const int p = c0 + t;
+    TORCH_CHECK(p / a.block_size < a.bt_cols, "key ", p, " is past the block table");
+    const int64_t block = bt[p / a.block_size];
+    TORCH_CHECK(block >= 0 && block < a.num_blocks, "block ", block, " is outside the cache");
+    const int64_t off = ((block * a.block_size + p % a.block_size) * a.num_kv_heads + kv_head) *
+                        a.head_dim;
+    if constexpr (std::is_same_v<TC, float>) {
+      krow[t] = kc + off;
+      vrow[t] = vc + off;
+    } else {
+      float* kd = sc.kbuf.data() + t * a.head_dim;
+      float* vd = sc.vbuf.data() + t * a.head_dim;
+      row_to_f32(kc + off, kd, a.head_dim, 1.f);
+      row_to_f32(vc + off, vd, a.head_dim, 1.f);
+      krow[t] = kd;
+      vrow[t] = vd;
+    }
+  }
+  for (int t = n; t < kVec; ++t) krow[t] = vrow[t] = sc.zero.data();
+}
+
+void gather(const Args& a, const int32_t* bt, int kv_head, int c0, int n, const float** krow,
+            const float** vrow, Scratch& sc) {
+  MESH_DISPATCH_CACHE_DTYPE(a.cache_dtype, TC, [&] {
+    gather_rows<TC>(a, bt, kv_head, c0, n, krow, vrow, sc);
+  });
+}
+
+// S[r][t] = q_r . k_t for t < n; -inf where key c0 + t is after row r's last visible key.
+template <int NV>
+void scores_rows(const float* q, int rows, const float* const* krow, int n, int c0,
+                 const float* pos, float* s) {
+  constexpr int D = NV * kVec;
+  for (int t = 0; t < n; ++t) {
+    fVec k[NV];
+    for (int j = 0; j < NV; ++j) k[j] = fVec::loadu(krow[t] + j * kVec);
+    for (int r = 0; r < rows; ++r) {
+      const float* qr = q + r * D;
+      fVec acc = fVec::loadu(qr) * k[0];
+      for (int j = 1; j < NV; ++j) acc = at::vec::fmadd(fVec::loadu(qr + j * kVec), k[j], acc);
+      s[r * kVec + t] = c0 + t > pos[r] ? kNegInf : hsum(acc);
+    }
+  }
+  for (int r = 0; r < rows; ++r) std::fill(s + r * kVec + n, s + (r + 1) * kVec, kNegInf);
+}
+
+void softmax_rows(float* s, int rows, Scratch& sc) {
+  for (int r = 0; r < rows; ++r) {
+    const fVec sv = fVec::loadu(s + r * kVec);
+    const float m_new = std::max(sc.m[r], hmax(sv));
+    if (m_new == kNegInf) {  // nothing visible yet: keep the row empty
+      sc.corr[r] = 1.f;
+      fVec(0.f).store(s + r * kVec);
+      continue;
+    }
+    sc.corr[r] = std::exp(sc.m[r] - m_new);
+    const fVec p = (sv - fVec(m_new)).exp();
+    p.store(s + r * kVec);
+    sc.l[r] = sc.l[r] * sc.corr[r] + hsum(p);
+    sc.m[r] = m_new;
+  }
+}
+
+// S[t][r] = q_r . k_t with rows in vector lanes (qt is Q transposed: [D][rows]).
+template <int NV>
+void scores_cols(const float* qt, int rows, const float* const* krow, int c0, int min_pos,
+                 const float* pos, float* s) {
+  constexpr int D = NV * kVec;
+  for (int rv = 0; rv < rows; rv += kVec) {
+    for (int t = 0; t < kVec; t += 4) {
+      const float *k0 = krow[t], *k1 = krow[t + 1], *k2 = krow[t + 2], *k3 = krow[t + 3];
+      fVec a0(0.f), a1(0.f), a2(0.f), a3(0.f);
+      for (int d = 0; d < D; ++d) {
+        const fVec qv = fVec::loadu(qt + d * rows + rv);
+        a0 = at::vec::fmadd(qv, fVec(k0[d]), a0);
+        a1 = at::vec::fmadd(qv, fVec(k1[d]), a1);
+        a2 = at::vec::fmadd(qv, fVec(k2[d]), a2);
+        a3 = at::vec::fmadd(qv, fVec(k3[d]), a3);
+      }
+      a0.store(s + t * rows + rv);
+      a1.store(s + (t + 1) * rows + rv);
+      a2.store(s + (t + 2) * rows + rv);
+      a3.store(s + (t + 3) * rows + rv);
+    }
+    if (c0 + kVec - 1 <= min_pos) continue;  // the whole chunk is visible to every row
+    const fVec pv = fVec::loadu(pos + rv);
+    for (int t = 0; t < kVec; ++t) {
+      const fVec sv = fVec::loadu(s + t * rows + rv);
+      fVec::blendv(sv, fVec(kNegInf), pv < fVec(static_cast<float>(c0 + t))).store(
+          s + t * rows + rv);
+    }
+  }
+}
+
+void softmax_cols(float* s, int rows, Scratch& sc) {
+  for (int rv = 0; rv < rows; rv += kVec) {
+    fVec m_chunk(kNegInf);
+    for (int t = 0; t < kVec; ++t) m_chunk = at::vec::maximum(m_chunk, fVec::loadu(s + t * rows + rv));
+    const fVec m_old = fVec::loadu(sc.m.data() + rv);
+    const fVec m_new = at::vec::maximum(m_old, m_chunk);
+    fVec sum(0.f);
+    for (int t = 0; t < kVec; ++t) {
+      const fVec p = (fVec::loadu(s + t * rows + rv) - m_new).exp();
+      p.store(s + t * rows + rv);
+      sum = sum + p;
+    }
+    // NOTE: every row sees key 0 in the first chunk, so m_new is finite here.
+    const fVec corr = (m_old - m_new).exp();
+    (fVec::loadu(sc.l.data() + rv) * corr + sum).store(sc.l.data() + rv);
+    m_new.store(sc.m.data() + rv);
+    corr.store(sc.corr.data() + rv);
+  }
+}
+
+// acc[r] = acc[r] * corr[r] + sum_t p(r, t) v_t, with p(r, t) = p[r * sr + t * st].
+template <int NV>
+void accumulate_v(float* acc, int rows, const float* p, int sr, int st,
+                  const float* const* vrow, int n, const float* corr) {
+  constexpr int D = NV * kVec;
+  for (int r = 0; r < rows; ++r) {
+    fVec a[NV];
+    const fVec c(corr[r]);
+    for (int j = 0; j < NV; ++j) a[j] = fVec::loadu(acc + r * D + j * kVec) * c;
+    for (int t = 0; t < n; ++t) {
+      const fVec pb(p[r * sr + t * st]);
+      for (int j = 0; j < NV; ++j) a[j] = at::vec::fmadd(pb, fVec::loadu(vrow[t] + j * kVec), a[j]);
+    }
+    for (int j = 0; j < NV; ++j) a[j].store(acc + r * D + j * kVec);
+  }
+}
+
+template <int NV>
+void run_item(const Args& a, const int32_t* it, Scratch& sc) {
+  constexpr int D = NV * kVec;
+  const int kv_head = it[kKvHead], q0 = it[kQBegin], G = a.group;
+  const int kv0 = it[kKvBegin], kv1 = it[kKvEnd];
+  const int rows = (it[kQEnd] - q0) * G;
+  TORCH_CHECK(it[kReq] < a.bt_rows && it[kQEnd] <= a.num_tokens && rows > 0,
+              "attention plan does not fit this step's tensors");
+  // Rows in lanes once they fill most of a vector (prefill tiles); padded rows are zero queries.
+  const bool by_cols = rows > kVec / 2;
+  const int rows_p = by_cols ? (rows + kVec - 1) / kVec * kVec : rows;
+  // A row sees keys up to its own position, and none past this item's key range.
+  const int min_pos = std::min(it[kPos0], kv1 - 1);
+  if (by_cols) std::fill(sc.q.begin(), sc.q.begin() + rows_p * D, 0.f);
+  for (int r = 0; r < rows_p; ++r) {
+    sc.pos[r] = static_cast<float>(std::min(it[kPos0] + std::min(r, rows - 1) / G, kv1 - 1));
+    if (r >= rows) continue;
+    float* qr = sc.acc.data() + r * D;  // staging: acc is zeroed below
+    load_row(a, q0 + r / G, kv_head * G + r % G, qr);
+    if (by_cols) {
+      for (int d = 0; d < D; ++d) sc.q[d * rows_p + r] = qr[d];
+    } else {
+      std::copy(qr, qr + D, sc.q.data() + r * D);
+    }
+  }
+  std::fill(sc.acc.begin(), sc.acc.begin() + rows * D, 0.f);
+  std::fill(sc.m.begin(), sc.m.begin() + rows_p, kNegInf);
+  std::fill(sc.l.begin(), sc.l.begin() + rows_p, 0.f);
+  const int32_t* bt = a.block_table + it[kReq] * a.bt_stride;
+  const float* krow[kVec];
+  const float* vrow[kVec];
+  float* s = sc.s.data();
+  for (int c0 = kv0; c0 < kv1; c0 += kVec) {
+    const int n = std::min(kVec, kv1 - c0);
+    gather(a, bt, kv_head, c0, n, krow, vrow, sc);
+    if (by_cols) {
+      scores_cols<NV>(sc.q.data(), rows_p, krow, c0, min_pos, sc.pos.data(), s);
+      softmax_cols(s, rows_p, sc);
+      accumulate_v<NV>(sc.acc.data(), rows, s, 1, rows_p, vrow, n, sc.corr.data());
+    } else {
+      scores_rows<NV>(sc.q.data(), rows, krow, n, c0, sc.pos.data(), s);
+      softmax_rows(s, rows, sc);
+      accumulate_v<NV>(sc.acc.data(), rows, s, kVec, 1, vrow, n, sc.corr.data());
+    }
+  }
+  if (it[kPartial] < 0) {
+    for (int r = 0; r < rows; ++r) {
+      store_row(a, q0 + r / G, kv_head * G + r % G, sc.acc.data() + r * D,
+                a.v_scale / sc.l[r]);
+    }
+    return;
+  }
+  float* part = a.partials + static_cast<int64_t>(it[kPartial]) * G * (D + 2);
+  std::copy(sc.acc.begin(), sc.acc.begin() + G * D, part);
+  std::copy(sc.m.begin(), sc.m.begin() + G, part + G * D);
+  std::copy(sc.l.begin(), sc.l.begin() + G, part + G * D + G);
+}
+
+// Combines the splits of one decode row: out = sum_i acc_i e^(m_i - M) / sum_i l_i e^(m_i - M).
+void merge(const Args& a, const int32_t* mg, Scratch& sc) {
+  const int G = a.group, D = a.head_dim, num_splits = mg[3];
+  const int64_t part_size = G * (D + 2);
+  for (int g = 0; g < G; ++g) {
+    float m_max = kNegInf, sum = 0.f;
+    for (int i = 0; i < num_splits; ++i) {
+      m_max = std::max(m_max, a.partials[(mg[2] + i) * part_size + G * D + g]);
+    }
+    float* acc = sc.acc.data();
+    std::fill(acc, acc + D, 0.f);
+    for (int i = 0; i < num_splits; ++i) {
+      const float* part = a.partials + (mg[2] + i) * part_size;
+      const float w = std::exp(part[G * D + g] - m_max);
+      sum += part[G * D + G + g] * w;
+      for (int d = 0; d < D; d += kVec) {
+        at::vec::fmadd(fVec::loadu(part + g * D + d), fVec(w), fVec::loadu(acc + d)).store(acc + d);
+      }
+    }
+    store_row(a, mg[0], mg[1] * G + g, acc, a.v_scale / sum);
+  }
+}
+
+template <int NV>
+void run_all(const Args& a, const at::Tensor& items, const at::Tensor& bounds,
+             const at::Tensor& merges) {
+  const int32_t* it = items.data_ptr<int32_t>();
+  const int32_t* bd = bounds.data_ptr<int32_t>();
+  const int max_rows = (a.group * kPrefillTile + kVec - 1) / kVec * kVec;
+  at::parallel_for(0, bounds.numel() - 1, 1, [&](int64_t begin, int64_t end) {
+    Scratch sc(max_rows, a.head_dim);
+    for (int64_t p = begin; p < end; ++p) {
+      for (int i = bd[p]; i < bd[p + 1]; ++i) run_item<NV>(a, it + i * kItemFields, sc);
+    }
+  });
+  const int32_t* mg = merges.data_ptr<int32_t>();
+  at::parallel_for(0, merges.size(0), 16, [&](int64_t begin, int64_t end) {
+    Scratch sc(1, a.head_dim);
+    for (int64_t i = begin; i < end; ++i) merge(a, mg + i * 4, sc);
+  });
+}
+
+}  // namespace
+
+int64_t vec_size() { return kVec; }
+
+bool supports_head_dim(int64_t head_dim) {
+  if (head_dim % kVec != 0) return false;
+  switch (head_dim / kVec) {
+    case 1: case 2: case 4: case 5: case 6: case 8: case 16: return true;
+    default: return false;
+  }
+}
+
+void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
+                     const at::Tensor& value_cache, const at::Tensor& block_table,
+                     const at::Tensor& items, const at::Tensor& bounds, const at::Tensor& merges,
+                     at::Tensor& partials, double scale, double k_scale, double v_scale) {
+  TORCH_CHECK(query.dim() == 3 && query.stride(2) == 1 && query.stride(1) == query.size(2),
+              "query must be [T, Hq, D] with contiguous heads");
+  TORCH_CHECK(key_cache.dim() == 4 && key_cache.is_contiguous() && value_cache.is_contiguous() &&
+              key_cache.sizes() == value_cache.sizes(), "caches must be contiguous [N, bs, Hkv, D]");
+  TORCH_CHECK(out.is_contiguous() && out.numel() == query.numel() &&
+              out.scalar_type() == query.scalar_type(), "out must be contiguous like query");
+  TORCH_CHECK(block_table.scalar_type() == at::kInt && block_table.stride(1) == 1);
+  TORCH_CHECK(items.is_contiguous() && bounds.is_contiguous() && merges.is_contiguous());
+  const int head_dim = static_cast<int>(query.size(2));
+  const int num_kv_heads = static_cast<int>(key_cache.size(2));
+  TORCH_CHECK(key_cache.size(3) == head_dim && query.size(1) % num_kv_heads == 0);
+  TORCH_CHECK(supports_head_dim(head_dim), "no paged_attention kernel for head_dim ", head_dim);
+  const bool same = key_cache.scalar_type() == query.scalar_type();
+  TORCH_CHECK(same || key_cache.scalar_type() == at::kFloat8_e4m3fn, "cache dtype mismatch");
+  const int group = static_cast<int>(query.size(1)) / num_kv_heads;
+  TORCH_CHECK(partials.numel() == 0 || partials.size(1) == group, "partials planned for another group");
+  Args a{static_cast<const char*>(query.data_ptr()), query.stride(0), query.scalar_type(),
+         static_cast<char*>(out.data_ptr()), query.size(1) * head_dim,
+         static_cast<const char*>(key_cache.data_ptr()),
+         static_cast<const char*>(value_cache.data_ptr()), key_cache.scalar_type(),
+         query.element_size(), key_cache.element_size(),
+         block_table.data_ptr<int32_t>(), block_table.stride(0), block_table.size(0),
+         block_table.size(1), query.size(0),
+         num_kv_heads, group, head_dim, static_cast<int>(key_cache.size(1)), key_cache.size(0),
+         static_cast<float>(scale * k_scale), static_cast<float>(v_scale),
+         partials.numel() ? partials.data_ptr<float>() : nullptr};
+  switch (head_dim / kVec) {
+    case 1: return run_all<1>(a, items, bounds, merges);
+    case 2: return run_all<2>(a, items, bounds, merges);
+    case 4: return run_all<4>(a, items, bounds, merges);
+    case 5: return run_all<5>(a, items, bounds, merges);
+    case 6: return run_all<6>(a, items, bounds, merges);
+    case 8: return run_all<8>(a, items, bounds, merges);
+    default: return run_all<16>(a, items, bounds, merges);
+  }
+}
+
+}  // namespace mesh_cpu

@@ -1,0 +1,36 @@
+// Python bindings of the CPU kernels. Tensors are CPU tensors; every op checks its inputs.
+#include <torch/python.h>
+
+#include "ops.h"
+
+using namespace pybind11::literals;
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "LLM Mesh CPU kernels: paged attention, KV cache write, fused layer ops";
+  m.attr("vec_size") = mesh_cpu::vec_size();
+  m.def("supports_head_dim", &mesh_cpu::supports_head_dim, "head_dim"_a,
+        "Whether paged_attention has a kernel for this head size.");
+  m.def("attention_plan", &mesh_cpu::attention_plan, "query_start_loc"_a, "seq_lens"_a,
+        "num_kv_heads"_a, "group"_a, "head_dim"_a,
+        "A step's attention work, built once and shared by every layer: (items, bounds, "
+        "merges, partials). Items cut requests x KV heads into query tiles (prefill) or KV "
+        "splits (long decodes), balanced over torch's threads.");
+  m.def("paged_attention", &mesh_cpu::paged_attention, "out"_a, "query"_a, "key_cache"_a,
+        "value_cache"_a, "block_table"_a, "items"_a, "bounds"_a, "merges"_a, "partials"_a,
+        "scale"_a, "k_scale"_a, "v_scale"_a,
+        "Causal varlen attention of query [T, Hq, D] over each request's paged context "
+        "(its cached prefix and this step's keys), read in place through the block table. "
+        "Writes out [T, Hq * D].");
+  m.def("reshape_and_cache", &mesh_cpu::reshape_and_cache, "key"_a, "value"_a, "key_cache"_a,
+        "value_cache"_a, "slot_mapping"_a, "k_scale"_a, "v_scale"_a,
+        "Writes key/value [T, Hkv, D] to their slots (slot < 0: skipped); an fp8 cache "
+        "stores x / scale saturated at +-448.");
+  m.def("rms_norm", &mesh_cpu::rms_norm, "x"_a, "weight"_a, "eps"_a,
+        "RMSNorm over the last dim of x [..., D] (rows may be strided); a new tensor.");
+  m.def("add_rms_norm", &mesh_cpu::add_rms_norm, "x"_a, "residual"_a, "weight"_a, "eps"_a,
+        "x += residual in place (x becomes the new residual), returns rms_norm(x).");
+  m.def("silu_and_mul", &mesh_cpu::silu_and_mul, "gate_up"_a,
+        "silu(gate_up[:, :I]) * gate_up[:, I:] as a new [T, I] tensor.");
+  m.def("rotary_embedding", &mesh_cpu::rotary_embedding, "x"_a, "cos"_a, "sin"_a,
+        "Neox rope in place on x [T, H, D] with cos / sin [T, D] (sin's first half negated).");
+}

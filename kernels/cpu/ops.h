@@ -1,0 +1,36 @@
+// The ops kernels/cpu_ops.py exposes (see bindings.cpp for their contracts).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <tuple>
+
+namespace mesh_cpu {
+
+int64_t vec_size();  // floats per vector in these kernels (16 with AVX-512)
+
+bool supports_head_dim(int64_t head_dim);
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_plan(
+    const at::Tensor& query_start_loc, const at::Tensor& seq_lens, int64_t num_kv_heads,
+    int64_t group, int64_t head_dim);
+
+void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
+                     const at::Tensor& value_cache, const at::Tensor& block_table,
+                     const at::Tensor& items, const at::Tensor& bounds, const at::Tensor& merges,
+                     at::Tensor& partials, double scale, double k_scale, double v_scale);
+
+void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,
+                       at::Tensor& value_cache, const at::Tensor& slot_mapping, double k_scale,
+                       double v_scale);
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+at::Tensor add_rms_norm(at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
+                        double eps);
+
+at::Tensor silu_and_mul(const at::Tensor& gate_up);
+
+void rotary_embedding(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+}  // namespace mesh_cpu

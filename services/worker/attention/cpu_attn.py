@@ -1,0 +1,65 @@
+"""The `torch` backend's CPU fast path: the KV write and attention in C++ (kernels/cpu).
+
+Per step, build_metadata asks the kernels for a work plan (kernels/cpu/attention_plan.cpp:
+query tiles for prefill chunks, KV splits for long decodes, one balanced range of items per
+thread) that every layer reuses. Per layer, forward is two calls: reshape_and_cache, then
+paged_attention, which reads K/V in place through the block table: no gather copy, no padding
+to the longest context, all query heads of a KV head together (GQA), a cached prefix read like
+any other context. The torch backend it extends stays the fallback (kernels not built, head
+size without a kernel) and the reference the tests hold it to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from kernels import cpu_ops
+from services.worker.attention.backend import CommonAttentionMetadata, KVCache
+from services.worker.attention.torch_attn import TorchAttentionBackend
+
+
+@dataclass
+class CpuAttentionMetadata:
+    slot_mapping: torch.Tensor   # int64 [num_tokens]
+    block_table: torch.Tensor    # int32 [num_reqs, max_blocks]
+    items: torch.Tensor          # int32 [num_items, 8]: the plan's work items
+    bounds: torch.Tensor         # int32 [num_threads + 1]: each thread's range of items
+    merges: torch.Tensor         # int32 [num_merges, 4]: decodes cut into KV splits
+    partials: torch.Tensor       # fp32 scratch for the splits' partial results
+
+
+class CpuAttentionBackend(TorchAttentionBackend):
+    name = "torch"
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                 block_size: int, ops: ModuleType | None = None):
+        """ops: the loaded kernels (default: kernels.cpu_ops.load())."""
+        super().__init__(num_heads, num_kv_heads, head_dim, scale, block_size)
+        ops = ops or cpu_ops.load()
+        self.ops = ops if ops is not None and ops.supports_head_dim(head_dim) else None
+
+    def build_metadata(self, common: CommonAttentionMetadata) -> Any:
+        if self.ops is None:
+            return super().build_metadata(common)
+        items, bounds, merges, partials = self.ops.attention_plan(
+            common.query_start_loc, common.seq_lens, self.num_kv_heads,
+            self.num_heads // self.num_kv_heads, self.head_dim)
+        return CpuAttentionMetadata(common.slot_mapping, common.block_table, items, bounds,
+                                    merges, partials)
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                kv_cache: KVCache, metadata: Any) -> torch.Tensor:
+        if self.ops is None:
+            return super().forward(query, key, value, kv_cache, metadata)
+        self.ops.reshape_and_cache(key, value, kv_cache.key, kv_cache.value,
+                                   metadata.slot_mapping, kv_cache.k_scale, kv_cache.v_scale)
+        out = query.new_empty(query.shape[0], self.num_heads * self.head_dim)
+        self.ops.paged_attention(out, query, kv_cache.key, kv_cache.value, metadata.block_table,
+                                 metadata.items, metadata.bounds, metadata.merges,
+                                 metadata.partials, self.scale, kv_cache.k_scale,
+                                 kv_cache.v_scale)
+        return out
