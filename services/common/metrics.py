@@ -80,6 +80,22 @@ class EngineMetrics:
             ENGINE_LABELS, buckets=STEP_BUCKETS, registry=registry)
         self.admission_rejections = counter("llm_mesh:admission_rejections",
                                             "Requests refused because the queue was full")
+        # KV connector (kvstore): vLLM's names for the external prefix cache, in tokens.
+        self.external_prefix_cache_queries = counter(
+            "vllm:external_prefix_cache_queries",
+            "Prompt tokens looked up in the external (kvstore) prefix cache")
+        self.external_prefix_cache_hits = counter(
+            "vllm:external_prefix_cache_hits",
+            "Prompt tokens loaded from the external (kvstore) prefix cache")
+        self.kv_load_failures = counter("llm_mesh:kv_load_failures",
+                                        "KV loads from the kvstore that did not fully arrive "
+                                        "intact (the rest was recomputed or the request failed)")
+        self.kv_load_time = histogram("llm_mesh:kv_load_seconds",
+                                      "A request's wait for its KV blocks from the kvstore")
+        self.kv_saved_blocks = counter("llm_mesh:kv_saved_blocks",
+                                       "KV blocks the kvstore acknowledged")
+        self.kv_save_failures = counter("llm_mesh:kv_save_failures",
+                                        "KV block groups the kvstore did not take (dropped)")
 
 
 class GatewayMetrics:
@@ -123,6 +139,10 @@ class GatewayMetrics:
         self.instances_lost = Counter("llm_mesh:service_instances_lost",
                                       "Service instances whose heartbeat stopped",
                                       ("service",), registry=registry)
+        self.request_migrations = Counter(
+            "llm_mesh:request_migrations", "Running requests whose engine or tokenizer was "
+            "lost: moved (continued elsewhere) or failed (no live one took over)",
+            ("outcome",), registry=registry)
 
 
 class TokenizerMetrics:
@@ -137,3 +157,33 @@ class TokenizerMetrics:
         self.detokenizer_states = Gauge("llm_mesh:tokenizer_requests",
                                         "Requests holding detokenizer state here",
                                         registry=registry)
+
+
+class KVStoreMetrics:
+    """One kvstore node: its tiers and its data plane."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.tier_bytes = Gauge("llm_mesh:kvstore_tier_bytes", "Bytes of KV blocks held",
+                                ("tier",), registry=registry)
+        self.tier_blocks = Gauge("llm_mesh:kvstore_tier_blocks", "KV blocks held", ("tier",),
+                                 registry=registry)
+        self.tier_capacity_bytes = Gauge("llm_mesh:kvstore_tier_capacity_bytes",
+                                         "Configured bound of a tier", ("tier",),
+                                         registry=registry)
+        self.put_blocks = Counter("llm_mesh:kvstore_put_blocks", "Blocks stored by Put",
+                                  registry=registry)
+        self.put_bytes = Counter("llm_mesh:kvstore_put_bytes", "Payload bytes received by Put",
+                                 registry=registry)
+        self.rejected_blocks = Counter("llm_mesh:kvstore_rejected_blocks",
+                                       "Blocks refused by Put (bad checksum, too large)",
+                                       registry=registry)
+        self.get_blocks = Counter("llm_mesh:kvstore_get_blocks", "Blocks served by Get",
+                                  registry=registry)
+        self.get_bytes = Counter("llm_mesh:kvstore_get_bytes", "Payload bytes served by Get",
+                                 registry=registry)
+        self.get_misses = Counter("llm_mesh:kvstore_get_misses",
+                                  "Get calls that stopped at a block this node lacks",
+                                  registry=registry)
+        self.evicted_blocks = Counter("llm_mesh:kvstore_removed_blocks",
+                                      "Blocks that left a tier (evicted, spilled or deleted)",
+                                      registry=registry)

@@ -62,6 +62,23 @@ class Subjects:
     def worker_hello(self, engine_id: str) -> str:
         return f"{self.namespace}.engine.{engine_id}.worker.hello"
 
+    # KV cache events (docs/kvstore.md): engines and kvstore nodes -> any subscriber, on a
+    # JetStream stream with bounded retention; a subscriber that sees a gap asks the
+    # publisher for a snapshot (request/reply).
+    def kv_events(self, publisher_id: str) -> str:
+        return f"{self.namespace}.kv.events.{publisher_id}"
+
+    @property
+    def kv_events_all(self) -> str:
+        return f"{self.namespace}.kv.events.>"
+
+    @property
+    def kv_events_stream(self) -> str:
+        return f"{self._bucket_prefix}-kv-events"
+
+    def kv_snapshot(self, publisher_id: str) -> str:
+        return f"{self.namespace}.kv.snapshot.{publisher_id}"
+
     # Batch jobs (docs/batch.md): anyone -> one batch runner, through a JetStream work queue.
     @property
     def batch_jobs(self) -> str:

@@ -33,6 +33,7 @@ class EngineView:
     num_waiting: int
     kv_cache_usage: float
     in_flight_here: int = 0      # requests this gateway sent and that have not finished
+    kv_role: str = ""            # "", both, producer (prefill engine) or consumer
 
     @property
     def load(self) -> float:
@@ -78,7 +79,7 @@ class MeshView:
                 engine_id=inst.engine_id, scheduler_id=inst.instance_id, model=info.model, max_model_len=info.max_model_len,
                 num_running=info.num_running, num_waiting=info.num_waiting,
                 kv_cache_usage=info.kv_cache_usage,
-                in_flight_here=self.in_flight.get(inst.engine_id, 0)))
+                in_flight_here=self.in_flight.get(inst.engine_id, 0), kv_role=info.kv_role))
         return engines
 
     def models(self) -> dict[str, int]:
@@ -86,9 +87,20 @@ class MeshView:
         return {e.model: e.max_model_len for e in self.ready_engines()}
 
     def pick_engine(self, model: str) -> EngineView | None:
-        """The least-loaded ready engine serving `model`."""
+        """The least-loaded ready engine serving `model`, prefill-only producers aside while
+        another engine can decode."""
         engines = self.ready_engines(model)
-        return min(engines, key=lambda e: (e.load, e.engine_id)) if engines else None
+        decoders = [e for e in engines if e.kv_role != "producer"] or engines
+        return min(decoders, key=lambda e: (e.load, e.engine_id)) if decoders else None
+
+    def pick_prefill_engine(self, model: str) -> EngineView | None:
+        """Prefill/decode disaggregation: the least-loaded ready producer, when a consumer is
+        ready too; None otherwise (requests then run on one engine)."""
+        engines = self.ready_engines(model)
+        producers = [e for e in engines if e.kv_role == "producer"]
+        if not producers or not any(e.kv_role == "consumer" for e in engines):
+            return None
+        return min(producers, key=lambda e: (e.load, e.engine_id))
 
     def health(self) -> tuple[bool, dict[str, str]]:
         """Ready when at least one tokenizer and one engine (scheduler + worker) are ready."""

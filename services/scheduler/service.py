@@ -16,10 +16,12 @@ from services.scheduler.core.request import Request, RequestStatus
 from services.scheduler.core.scheduler import Scheduler
 from services.scheduler.delta_publisher import DeltaPublisher
 from services.scheduler.engine_stats import EngineStats
+from services.scheduler.kv_connector_runtime import KVConnectorRuntime
 from services.scheduler.settings import SchedulerSettings
 from services.scheduler.step_codec import decode_step_output, encode_step_input
-from services.scheduler.worker_link import WorkerGone, WorkerLink
+from services.scheduler.worker_link import StepFailed, WorkerGone, WorkerLink
 
+_MAX_LOSSES_IN_A_ROW = 3
 _ABORT_STATUS = {
     wire.FinishReason.STOP: RequestStatus.FINISHED_STOPPED,
     wire.FinishReason.LENGTH: RequestStatus.FINISHED_LENGTH_CAPPED,
@@ -45,7 +47,9 @@ class SchedulerService(Service):
         self._has_work = asyncio.Event()
         self._last_progress = time.monotonic()
         self._reset_worker_rows = True
+        self._losses_in_a_row = 0     # worker losses with no step completed in between
         self._step_loop: asyncio.Task[None] | None = None
+        self.kv: KVConnectorRuntime | None = None   # kvstore loads / saves, KV events
 
     # ---- lifecycle
 
@@ -56,6 +60,9 @@ class SchedulerService(Service):
                                  self.settings.worker_step_timeout_s,
                                  self.settings.worker_heartbeat_timeout_s)
         await self.worker.start()
+        self.kv = KVConnectorRuntime(self.settings, bus, self.subjects, self.instance_id,
+                                     self.metrics, self.log)
+        await self.kv.start()
         await bus.serve(self.subjects.engine_submit(self.engine_id), wire.GenerateRequest,
                         self.on_submit)
         await bus.subscribe(self.subjects.engine_abort(self.engine_id), wire.AbortRequest,
@@ -89,6 +96,8 @@ class SchedulerService(Service):
             info.prefix_cache_queries = stats.prefix_cache_queries
             info.prefix_cache_hits = stats.prefix_cache_hits
             info.num_preemptions = stats.num_preemptions
+        if self.kv is not None:
+            info.kv_role = self.kv.kv_role
         heartbeat.engine = info
 
     def _model_name(self) -> str:
@@ -104,6 +113,8 @@ class SchedulerService(Service):
     async def close(self) -> None:
         if self._step_loop is not None:
             self._step_loop.cancel()
+        if self.kv is not None:
+            await self.kv.close()
 
     # ---- requests from gateways and tokenizers
 
@@ -111,12 +122,18 @@ class SchedulerService(Service):
         if self.stopping.is_set():
             return wire.SubmitReply(http_status=503, error="the engine is draining",
                                     error_code="engine_draining", retry_after_s=1.0)
-        if self.scheduler is None or self.worker is None or self.worker.info is None:
+        if self.scheduler is None or self.worker is None or not self.worker.is_ready:
             return wire.SubmitReply(http_status=503, error="the engine is not ready",
                                     error_code="engine_not_ready", retry_after_s=1.0)
         try:
             request = self._make_request(message)
-            self.scheduler.add_request(request)
+            scheduler = self.scheduler
+            if self.kv is not None:
+                await self.kv.on_admission(scheduler, request)
+                if self.scheduler is not scheduler:   # the worker changed meanwhile
+                    return wire.SubmitReply(http_status=503, error="the engine is not ready",
+                                            error_code="engine_not_ready", retry_after_s=1.0)
+            scheduler.add_request(request)
         except AdmissionRejected as exc:
             if self.stats is not None:
                 self.stats.rejections.inc()
@@ -135,6 +152,12 @@ class SchedulerService(Service):
     def _make_request(self, message: wire.GenerateRequest) -> Request:
         assert self.scheduler is not None and self.worker is not None
         sampling = message.sampling
+        vocab_size = self.worker.info.vocab_size if self.worker.info is not None else 0
+        bias_ids = unpack_int32(sampling.logit_bias_token_ids)
+        if vocab_size and len(bias_ids) and not 0 <= int(bias_ids.max()) < vocab_size:
+            # NOTE: checked here, not on the worker: one bad id would fail the whole step.
+            raise ValueError(f"logit_bias token id {int(bias_ids.max())} is outside the "
+                             f"vocabulary (0..{vocab_size - 1})")
         return Request(
             message.request_id, unpack_int32(message.prompt_token_ids),
             max_tokens=sampling.max_tokens, min_tokens=sampling.min_tokens,
@@ -143,13 +166,14 @@ class SchedulerService(Service):
             priority=message.priority, arrival_time=self.scheduler.clock(),
             cache_salt=message.cache_salt,
             skip_prefix_cache=sampling.prompt_logprobs is not None,
-            sampling=sampling, block_hasher=self.scheduler.block_hasher)
+            sampling=sampling, block_hasher=self.scheduler.block_hasher,
+            do_remote_decode=message.do_remote_decode)
 
     async def on_abort(self, message: wire.AbortRequest) -> None:
         # Applied between steps, never under a step in flight (its blocks are in use).
         status = _ABORT_STATUS.get(message.reason, RequestStatus.FINISHED_ABORTED)
         for request_id in message.request_ids:
-            self._pending_aborts[request_id] = status
+            self._pending_aborts.setdefault(request_id, status)   # the first reason stands
         self._has_work.set()
 
     async def on_admin(self, message: wire.AdminRequest) -> wire.AdminReply:
@@ -163,19 +187,78 @@ class SchedulerService(Service):
     # ---- the step loop
 
     async def _run_steps(self) -> None:
-        """Builds the engine state for the current worker and steps until that worker is gone."""
+        """Steps on the current worker until it is gone. Its requests then wait, preempted
+        by recompute, for a worker to return, and resume there from their tokens so far."""
         assert self.worker is not None
         while True:
-            info = await self.worker.wait_ready()
-            self._build_scheduler(info)
+            info = await self._wait_for_worker()
+            await self._attach_worker(info)
             try:
                 await self._step_while_worker_unchanged(info.incarnation)
+            except StepFailed as exc:
+                self.log.error("step failed; failing the engine's requests", error=str(exc))
+                await self._fail_all("the engine failed a step; retry the request")
+                continue
             except WorkerGone as exc:
-                self.log.error("worker lost; failing its in-flight requests", error=str(exc))
-            await self._fail_all("the engine's worker failed or restarted; retry the request")
+                self.log.warning("worker lost; its requests wait for it", error=str(exc))
+            await self._send_held_finishes()
+            self._losses_in_a_row += 1
+            if self._losses_in_a_row >= _MAX_LOSSES_IN_A_ROW:
+                # NOTE: a request that crashes every worker it meets must not do so forever.
+                await self._fail_all("the engine's worker failed repeatedly; retry the request")
+                self._losses_in_a_row = 0
+            self._on_worker_lost()
+
+    async def _wait_for_worker(self) -> wire.WorkerInfo:
+        """The worker's info once it is ready. Requests held meanwhile wait at most
+        --worker-rejoin-timeout-s, then fail with a retriable error."""
+        assert self.worker is not None
+        try:
+            return await asyncio.wait_for(self.worker.wait_ready(),
+                                          self.settings.worker_rejoin_timeout_s)
+        except asyncio.TimeoutError:
+            await self._fail_all("the engine's worker is gone; retry the request")
+            return await self.worker.wait_ready()
+
+    async def _attach_worker(self, info: wire.WorkerInfo) -> None:
+        if self.kv is not None:
+            self.kv.on_worker_info(info)
+        if self.scheduler is None:
+            self._build_scheduler(info)
+            return
+        config = self.scheduler.config
+        if (info.block_size, info.max_model_len) != (config.block_size, config.max_model_len):
+            await self._fail_all("the engine's worker restarted with another configuration; "
+                                 "retry the request")
+            self._build_scheduler(info)
+            return
+        # A new pool (the worker may have sized it anew); requests that no longer fit fail.
+        too_long = self.scheduler.set_num_blocks(info.num_blocks)
+        assert self.deltas is not None
+        await self.deltas.publish_errors(too_long, "the request no longer fits the engine's "
+                                         "KV cache", self.tokenizer_of)
+        for request in too_long:
+            self._forget(request.request_id, request.handle)
+        self.log.info("worker joined; resuming requests",
+                      num_requests=len(self.scheduler.requests))
+
+    def _on_worker_lost(self) -> None:
+        """The worker's rows are gone: preempt every running request (they keep their
+        tokens) and have the next step start the worker afresh."""
+        self._reset_worker_rows = True
+        if self.scheduler is None:
+            return
+        preempted = self.scheduler.preempt_all()
+        if preempted:
+            self.log.info("requests preempted until the worker returns", count=len(preempted))
+        if self.stats is not None:
+            self.stats.on_stats(self.scheduler.make_stats())
 
     def _build_scheduler(self, info: wire.WorkerInfo) -> None:
-        self.scheduler = Scheduler(self.settings.scheduler_config(info))
+        self.scheduler = Scheduler(self.settings.scheduler_config(info), kv_connector=(
+            self.kv.make_connector(info) if self.kv is not None else None))
+        if self.kv is not None:
+            self.kv.attach(self.scheduler, (self._model_name(), self.engine_id))
         self.stats = EngineStats(self.metrics, self._model_name(), self.engine_id)
         self._reset_worker_rows = True
         kv_tokens = (info.num_blocks - 1) * info.block_size   # block 0 is the null block
@@ -188,7 +271,7 @@ class SchedulerService(Service):
         self.worker.changed.clear()
         while not self.worker.changed.is_set():
             self._apply_aborts()
-            if self.scheduler.has_unfinished_requests():
+            if self.scheduler.has_unfinished_requests() or self._has_kv_transfers():
                 await self.step(incarnation)
             else:
                 self._last_progress = time.monotonic()
@@ -209,7 +292,8 @@ class SchedulerService(Service):
         assert self.deltas is not None and self.stats is not None
         started = time.perf_counter()
         scheduler_output = self.scheduler.schedule()
-        if scheduler_output.is_empty and not scheduler_output.finished_handles:
+        if (scheduler_output.is_empty and not scheduler_output.finished_handles
+                and not scheduler_output.kv_connector_metadata and not self._has_kv_transfers()):
             await self._wait_for_work()  # nothing fits now: wait for a request or an abort
             return
         step_input = encode_step_input(scheduler_output, reset=self._reset_worker_rows)
@@ -217,9 +301,13 @@ class SchedulerService(Service):
         step_output = await self.worker.execute(step_input, incarnation)
         call_s = time.perf_counter() - call_started
         self._reset_worker_rows = False
+        self._losses_in_a_row = 0
         outputs = self.scheduler.update_from_output(
             scheduler_output, decode_step_output(step_output))
         self._last_progress = time.monotonic()
+        if self.kv is not None:
+            outputs = self.kv.outputs_to_send(self.scheduler, outputs)
+            self.kv.after_step(self.scheduler)
         await self.deltas.publish(outputs, step_output, self.tokenizer_of,
                                   self.request_id_of_handle)
         for output in outputs:
@@ -244,10 +332,29 @@ class SchedulerService(Service):
         if self.stats is not None:
             self.stats.on_stats(self.scheduler.make_stats())
 
+    def _has_kv_transfers(self) -> bool:
+        """KV loads or producer saves in flight: keep stepping to collect their results."""
+        return (self.kv is not None and self.scheduler is not None
+                and self.kv.has_work(self.scheduler))
+
+    async def _send_held_finishes(self) -> None:
+        """Producer requests waiting for their saves: the worker saving them is gone, so they
+        finish now (their consumer recomputes what the store lacks)."""
+        if self.kv is None or self.deltas is None or self.stats is None:
+            return
+        held = self.kv.release_held(self.scheduler)
+        if held:
+            await self.deltas.publish(held, wire.StepOutput(), self.tokenizer_of,
+                                      self.request_id_of_handle)
+            for output in held:
+                self._forget(output.request_id, output.handle)
+            self.stats.on_outputs(held, time.monotonic())
+
     async def _fail_all(self, reason: str) -> None:
         assert self.deltas is not None
         if self.scheduler is None:
             return
+        await self._send_held_finishes()
         failed = self.scheduler.fail_all(reason)
         await self.deltas.publish_errors(failed, reason, self.tokenizer_of)
         if self.stats is not None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.common import wire
+from services.common.kv_index import KVIndexSettings
 from services.common.settings import CommonSettings, EngineSettings, setting
 from services.scheduler.core.config import SchedulerConfig
 
 
 @dataclass
-class SchedulerSettings(CommonSettings, EngineSettings):
+class SchedulerSettings(CommonSettings, EngineSettings, KVIndexSettings):
     enable_prefix_caching: bool = setting(True, "Reuse the KV of shared prompt prefixes")
     prefix_caching_hash_algo: str = setting("sha256", "Block hash function",
                                             choices=("sha256", "xxh3_128"))
@@ -28,8 +29,27 @@ class SchedulerSettings(CommonSettings, EngineSettings):
     worker_step_timeout_s: float = setting(600.0, "Longest one step may take on the worker")
     worker_heartbeat_timeout_s: float = setting(
         5.0, "Declare the worker lost after this long without its heartbeat")
+    worker_rejoin_timeout_s: float = setting(
+        60.0, "How long requests wait, preempted, for a lost worker to return before they "
+        "fail with a retriable error")
     stall_timeout_s: float = setting(
         120.0, "Report not ready when no step completed for this long while work waits")
+    # KV connector (docs/kvstore.md): active with --redis-url and prefix caching.
+    enable_kv_connector: bool = setting(True, "Load prefixes from and save blocks to the "
+                                        "kvstore (needs --redis-url)")
+    kv_role: str = setting("both", "This engine in prefill/decode disaggregation: both (load "
+                           "and save), producer (prefill engine: saves) or consumer (decode "
+                           "engine: loads)", choices=("both", "producer", "consumer"))
+    kv_save_mode: str = setting("write_through", "Save full prompt blocks as soon as they are "
+                                "computed, or cached blocks when the pool reuses them",
+                                choices=("write_through", "on_evict"))
+    kv_load_failure_policy: str = setting(
+        "recompute", "A load that fails (bad checksum, store gone, timeout): recompute what "
+        "did not arrive intact, or fail the request", choices=("recompute", "fail"))
+    kv_lookup_timeout_s: float = setting(0.25, "Longest a request's kvstore lookup may delay "
+                                         "its admission")
+    enable_kv_events: bool = setting(False, "Publish the KV pool's BlockStored / BlockRemoved "
+                                     "events on JetStream")
 
     def scheduler_config(self, worker: wire.WorkerInfo) -> SchedulerConfig:
         return SchedulerConfig(
@@ -44,4 +64,5 @@ class SchedulerSettings(CommonSettings, EngineSettings):
             max_num_queued_tokens=self.max_num_queued_tokens or None,
             num_gpu_blocks=worker.num_blocks,
             hash_algo=self.prefix_caching_hash_algo,
+            enable_kv_events=self.enable_kv_events,
         )

@@ -7,11 +7,13 @@ from itertools import chain
 from services.common import wire
 from services.common.packing import pack_int32, unpack_int32
 from services.scheduler.core.output import RunnerOutput, SchedulerOutput
+from services.scheduler.kv_connector_codec import (decode_kv_connector_output,
+                                                   encode_kv_connector_metadata)
 
 
 def encode_step_input(output: SchedulerOutput, reset: bool = False) -> wire.StepInput:
     cached = output.cached
-    return wire.StepInput(
+    step = wire.StepInput(
         step=output.step,
         new_requests=[
             wire.NewRequestData(
@@ -29,8 +31,12 @@ def encode_step_input(output: SchedulerOutput, reset: bool = False) -> wire.Step
         finished_handles=pack_int32(output.finished_handles),
         reset=reset,
     )
+    if output.kv_connector_metadata:
+        encode_kv_connector_metadata(output.kv_connector_metadata, step)
+    return step
 
 
 def decode_step_output(message: wire.StepOutput) -> RunnerOutput:
     return RunnerOutput(handles=unpack_int32(message.handles).tolist(),
-                        sampled_token_ids=unpack_int32(message.sampled_token_ids).tolist())
+                        sampled_token_ids=unpack_int32(message.sampled_token_ids).tolist(),
+                        kv_connector_output=decode_kv_connector_output(message))

@@ -24,6 +24,10 @@ class WorkerGone(Exception):
     """The worker died, restarted or failed a step: its per-request state is lost."""
 
 
+class StepFailed(WorkerGone):
+    """The worker answered a step with an error: running it again would fail again."""
+
+
 class WorkerLink:
     def __init__(self, bus: Bus, subjects: Subjects, engine_id: str,
                  log: structlog.stdlib.BoundLogger, step_timeout_s: float,
@@ -38,6 +42,7 @@ class WorkerLink:
         self.eos_token_ids: list[int] = []
         self.changed = asyncio.Event()   # set when a (new) worker incarnation appears
         self._last_heartbeat = 0.0
+        self._worker_reconnects = 0      # the worker's NATS reconnects, from its heartbeats
 
     async def start(self) -> None:
         await self._bus.subscribe(self._subjects.worker_hello(self._engine_id), wire.WorkerInfo,
@@ -66,22 +71,27 @@ class WorkerLink:
     async def execute(self, step: wire.StepInput, incarnation: int) -> wire.StepOutput:
         """Runs one step on the worker incarnation the caller's state belongs to."""
         self._check(incarnation)
+        reconnects = (self._bus.reconnects, self._worker_reconnects)
         call = asyncio.create_task(self._bus.request(
             self._subjects.worker_step(self._engine_id), step, wire.StepOutput,
             timeout=self._step_timeout_s))
         while not call.done():
             await asyncio.wait({call}, timeout=0.5)
-            if not call.done() and not self.is_alive:
+            if call.done():
+                break
+            if not self.is_alive:
                 call.cancel()
                 raise WorkerGone("no heartbeat from the worker")
-            if not call.done():
-                self._check(incarnation)
+            if (self._bus.reconnects, self._worker_reconnects) != reconnects:
+                call.cancel()   # the step or its reply may be lost: its fate is unknown
+                raise WorkerGone("a NATS reconnect interrupted the step")
+            self._check(incarnation)
         try:
             output = call.result()
         except BusError as exc:
             raise WorkerGone(str(exc)) from exc
         if output.error:
-            raise WorkerGone(f"step failed on the worker: {output.error}")
+            raise StepFailed(f"step failed on the worker: {output.error}")
         return output
 
     def _check(self, incarnation: int) -> None:
@@ -113,3 +123,4 @@ class WorkerLink:
     async def _on_heartbeat(self, beat: wire.Heartbeat) -> None:
         if beat.service == "worker" and beat.engine_id == self._engine_id and beat.ready:
             self._last_heartbeat = time.monotonic()
+            self._worker_reconnects = beat.reconnects

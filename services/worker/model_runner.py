@@ -23,6 +23,7 @@ from services.worker.config import RunnerConfig, RunnerInfo
 from services.worker.cpu_runtime import configure_cpu_runtime
 from services.worker.cuda_graphs import CudaGraphRunner
 from services.worker.input_batch import InputBatch
+from services.worker.kv_connector import WorkerKVConnector, kv_fingerprint
 from services.worker.kv_cache import (
     KVCacheSpec,
     accelerator_kv_budget,
@@ -53,7 +54,8 @@ class ModelRunner:
         self.model_config = model_config = ModelConfig.from_hf_dir(config.model_dir)
         self.max_model_len = _max_model_len(config.max_model_len, model_config)
         self.block_size = config.block_size
-        self.attn_backend = get_attention_backend_cls(config.attention_backend, self.device)(
+        self.attn_backend = get_attention_backend_cls(config.attention_backend, self.device,
+                                                      config.kv_cache_dtype)(
             model_config.num_attention_heads, model_config.num_key_value_heads,
             model_config.head_dim, model_config.head_dim ** -0.5, config.block_size)
         self.kv_spec = KVCacheSpec(
@@ -85,6 +87,9 @@ class ModelRunner:
                                model_name=config.model_dir.name)
         # Seconds per phase of the last step (prepare, forward, sample, output): for metrics.
         self.last_step_timings: dict[str, float] = {}
+        self.kv_fingerprint = kv_fingerprint(config.model_dir, self.kv_spec)
+        self.kv_connector: WorkerKVConnector | None = None
+        """Moves blocks to / from the kvstore between forward passes; set by the service."""
 
     def execute(self, step: wire.StepInput) -> wire.StepOutput:
         """Runs one step. Never raises: a failure comes back as StepOutput.error."""
@@ -101,9 +106,15 @@ class ModelRunner:
     def _execute(self, step: wire.StepInput) -> wire.StepOutput:
         t0 = time.perf_counter()
         self._update_states(step)
+        connector = self.kv_connector
+        if connector is not None:
+            connector.before_forward(step)
         batch = prepare_step_batch(step, self.input_batch, self.block_size, self.device)
         if batch is None:
-            return wire.StepOutput(step=step.step)
+            out = wire.StepOutput(step=step.step)
+            if connector is not None:
+                connector.finish_step(out, is_idle=True)
+            return out
         t1 = time.perf_counter()
         hidden = self._forward(batch)
         logits = self.model.compute_logits(hidden[batch.logits_indices])
@@ -121,6 +132,9 @@ class ModelRunner:
         self.input_batch.append_sampled(sample_rows, sampled)
         out = build_step_output(step.step, batch, sampled, sampler_output,
                                 metadata.logprob_rows, logits[num_samples:])
+        if connector is not None:
+            connector.after_forward(step)
+            connector.finish_step(out, is_idle=False)
         self.last_step_timings = {"prepare": t1 - t0, "forward": t2 - t1, "sample": t3 - t2,
                                   "output": time.perf_counter() - t3}
         return out

@@ -12,6 +12,8 @@ from services.common import wire
 from services.common.model_files import resolve_model
 from services.common.packing import pack_int32
 from services.common.service import Service
+from services.worker.kv_connector import WorkerKVConnector
+from services.worker.kv_connector_transfer import KVTransferThread
 from services.worker.model_runner import ModelRunner, RunnerConfig
 from services.worker.settings import WorkerSettings
 
@@ -34,6 +36,7 @@ class WorkerService(Service):
         loop = asyncio.get_running_loop()
         self.runner = await loop.run_in_executor(self._executor, ModelRunner,
                                                  self._runner_config(files.hf_dir))
+        self.runner.kv_connector = self._kv_connector(self.runner)
         self._served_name = self.settings.served_model_name or files.served_name
         bus = self.connected_bus
         await bus.serve(self.subjects.worker_step(self.settings.engine_id), wire.StepInput,
@@ -54,6 +57,13 @@ class WorkerService(Service):
             max_num_batched_tokens=s.max_num_batched_tokens, seed=s.seed,
             num_threads=s.num_threads or None)
 
+    def _kv_connector(self, runner: ModelRunner) -> WorkerKVConnector:
+        s = self.settings
+        transfer = KVTransferThread(runner.kv_fingerprint, runner.kv_spec.bytes_per_block,
+                                    s.kv_load_timeout_s, s.kv_save_timeout_s,
+                                    s.kv_save_buffer_bytes)
+        return WorkerKVConnector(runner.kv_caches, runner.kv_spec, runner.device, transfer)
+
     def worker_info(self) -> wire.WorkerInfo:
         assert self.runner is not None
         info = self.runner.info
@@ -62,7 +72,7 @@ class WorkerService(Service):
             num_blocks=info.num_blocks, block_size=info.block_size,
             max_model_len=info.max_model_len, model=self._served_name,
             vocab_size=info.vocab_size, eos_token_ids=pack_int32(info.eos_token_ids),
-            incarnation=self._incarnation)
+            incarnation=self._incarnation, kv_fingerprint=self.runner.kv_fingerprint)
 
     def readiness(self) -> tuple[bool, str]:
         return (True, "") if self.runner is not None else (False, "loading model")
@@ -89,3 +99,5 @@ class WorkerService(Service):
 
     async def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
+        if self.runner is not None and self.runner.kv_connector is not None:
+            self.runner.kv_connector.close()

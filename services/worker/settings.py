@@ -23,3 +23,9 @@ class WorkerSettings(CommonSettings, EngineSettings):
     attention_backend: str = setting("auto", "Attention implementation (auto: triton on "
                                      "cuda, torch on cpu)", choices=("auto", "torch", "triton"))
     num_threads: int = setting(0, "CPU threads for the model (0: all cores)")
+    # KV connector (docs/kvstore.md): the scheduler names the blocks; these bound the I/O.
+    kv_load_timeout_s: float = setting(5.0, "A KV load from the kvstore that has not arrived "
+                                       "by then is given up (the rest is recomputed)")
+    kv_save_timeout_s: float = setting(30.0, "Longest one KV save to the kvstore may take")
+    kv_save_buffer_bytes: int = setting(512 * 1024**2, "KV bytes waiting to be saved, at most; "
+                                        "beyond it saves are dropped (the store is behind)")

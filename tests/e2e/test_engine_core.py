@@ -55,16 +55,10 @@ def small_kv_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     """A mesh whose KV cache holds ~40 blocks (640 tokens): four long requests must preempt."""
     kv_bytes = 41 * 16 * 46080  # blocks x tokens per block x fp32 KV bytes per token
     args = ["--max-model-len", "512", "--kv-cache-memory", str(kv_bytes)]
-    running = Mesh(Path(tmp_path_factory.mktemp("small-kv")), namespace="smallkv",
-                   extra_args={"worker": args, "scheduler": ["--max-model-len", "512"]})
-    try:
-        running.start()
-    except Exception:
-        print(running.logs())
-        running.stop()
-        raise
-    yield running
-    running.stop()
+    with serving(Mesh(Path(tmp_path_factory.mktemp("small-kv")), namespace="smallkv",
+                      extra_args={"worker": args, "scheduler": ["--max-model-len", "512"]}),
+                 check_exit=False) as running:
+        yield running
 
 
 def test_preempted_requests_match_their_unpreempted_output(small_kv_mesh: Mesh) -> None:

@@ -43,7 +43,8 @@ def test_up_serves_then_stops_every_process(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, (tmp_path / "up.log").read_text()
             time.sleep(0.2)
         children = children_of(launcher.pid)
-        assert len(children) == 6  # nats-server + five services (with the batch runner)
+        # nats-server, valkey-server and six services (with the batch runner and a kvstore)
+        assert len(children) == 8
         status, body = http_post(f"http://127.0.0.1:{port}/v1/completions",
                                  {"model": "SmolLM2-135M-Instruct", "prompt": "Hello",
                                   "max_tokens": 4, "temperature": 0})

@@ -22,6 +22,8 @@ class BlockPool:
       after it is freed, so a later request can still hit it; the hash is dropped only when the
       block is popped for reuse (eviction), or by `reset_prefix_cache`.
     - With `enable_kv_events`, changes to the cache are queued as events; `take_events` drains.
+    - With `record_evictions`, cached blocks popped for reuse are listed (id, hash) before the
+      hash is dropped, so the KV connector can copy them out first; `take_evicted_blocks`.
     """
 
     def __init__(self, num_blocks: int, enable_caching: bool,
@@ -39,6 +41,8 @@ class BlockPool:
         # cached it, the second copy stays unhashed and is simply freed with its request.
         self.cached_block_hash_to_block: dict[BlockHash, KVCacheBlock] = {}
         self.kv_event_queue: list[KVCacheEvent] = []
+        self.record_evictions = False
+        self.evicted_blocks: list[tuple[int, BlockHash]] = []
 
     # ---- allocate / touch / free ------------------------------------------------------
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
@@ -50,6 +54,8 @@ class BlockPool:
             block.ref_cnt = 1
             if block.block_hash is not None:
                 evicted.append(block.block_hash)
+                if self.record_evictions:
+                    self.evicted_blocks.append((block.block_id, block.block_hash))
                 del self.cached_block_hash_to_block[block.block_hash]
                 block.block_hash = None
         if evicted and self.enable_kv_events:
@@ -124,6 +130,10 @@ class BlockPool:
         events, self.kv_event_queue = self.kv_event_queue, []
         return events
 
+    def take_evicted_blocks(self) -> list[tuple[int, BlockHash]]:
+        evicted, self.evicted_blocks = self.evicted_blocks, []
+        return evicted
+
     def _queue_stored_events(self, request: Request, indices: list[int], block_size: int) -> None:
         # One BlockStored per contiguous run of newly cached blocks (a duplicate splits a run).
         hashes, tokens = request.block_hashes, request.all_token_ids
@@ -132,11 +142,14 @@ class BlockPool:
             if end < len(indices) and indices[end] == indices[end - 1] + 1:
                 continue
             first, last = indices[start], indices[end - 1]
+            hasher = request.block_hasher
             self.kv_event_queue.append(BlockStored(
                 block_hashes=hashes[first:last + 1],
                 parent_block_hash=hashes[first - 1] if first > 0 else None,
                 token_ids=tokens[first * block_size:(last + 1) * block_size],
                 block_size=block_size,
                 lora_id=request.lora_id,
+                extra_keys=[hasher.extra_keys(i, request.cache_salt, request.lora_id)
+                            for i in range(first, last + 1)] if hasher is not None else [],
             ))
             start = end

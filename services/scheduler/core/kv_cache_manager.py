@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from services.common.block_hash import BlockHash
 from services.scheduler.core.block_pool import BlockPool
 from services.scheduler.core.kv_cache_utils import KVCacheBlock
 from services.scheduler.core.kv_events import KVCacheEvent
@@ -89,13 +90,16 @@ class KVCacheManager:
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        new_computed_blocks: KVCacheBlocks | None = None,
-                       num_new_computed_tokens: int = 0) -> KVCacheBlocks | None:
+                       num_new_computed_tokens: int = 0,
+                       delay_cache_blocks: bool = False) -> KVCacheBlocks | None:
         """Room for `num_new_tokens` after the request's computed tokens (including the
         prefix hits `new_computed_blocks`, on its first allocation). Returns the newly
         allocated blocks, or None when too few blocks are free (nothing changes then).
 
         Blocks that will be full once this step runs are cached right away, so a request
-        scheduled later in the same step (n>1 samples of one prompt) already hits them."""
+        scheduled later in the same step (n>1 samples of one prompt) already hits them.
+        With `delay_cache_blocks` (blocks the kvstore will fill) they are cached only once
+        their KV is in place (`cache_blocks`)."""
         block_size = self.block_size
         pool = self.block_pool
         request_id = request.request_id
@@ -129,14 +133,21 @@ class KVCacheManager:
             self.req_to_blocks[request_id] = req_blocks
             self._record_prefix_cache_query(request, num_new_computed_tokens)
 
-        if self.enable_caching:
-            num_full_blocks = min(num_tokens_after // block_size, len(request.block_hashes))
-            num_cached = self.num_cached_block.get(request_id, 0)
-            if num_full_blocks > num_cached:
-                pool.cache_full_blocks(request, req_blocks, num_cached, num_full_blocks,
-                                       block_size)
-                self.num_cached_block[request_id] = num_full_blocks
+        if not delay_cache_blocks:
+            self.cache_blocks(request, num_tokens_after)
         return result
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Offers the request's full blocks up to `num_computed_tokens` to the prefix cache."""
+        if not self.enable_caching:
+            return
+        request_id = request.request_id
+        num_full_blocks = min(num_computed_tokens // self.block_size, len(request.block_hashes))
+        num_cached = self.num_cached_block.get(request_id, 0)
+        if num_full_blocks > num_cached:
+            self.block_pool.cache_full_blocks(request, self.req_to_blocks[request_id],
+                                              num_cached, num_full_blocks, self.block_size)
+            self.num_cached_block[request_id] = num_full_blocks
 
     def free(self, request: Request) -> None:
         """Releases the request's blocks tail first, so its most specific blocks (least
@@ -159,6 +170,10 @@ class KVCacheManager:
 
     def take_events(self) -> list[KVCacheEvent]:
         return self.block_pool.take_events()
+
+    def take_evicted_blocks(self) -> list[tuple[int, BlockHash]]:
+        """(block id, hash) of cached blocks reused since the last call (when recorded)."""
+        return self.block_pool.take_evicted_blocks()
 
     def _record_prefix_cache_query(self, request: Request, num_hit_tokens: int) -> None:
         # Counted once per admission (a resume counts again, as in vLLM), not per attempt:

@@ -4,7 +4,7 @@ them, stamps a publisher id and a sequence number, and sends them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.common.block_hash import BlockHash
 
@@ -17,6 +17,8 @@ class BlockStored:
     token_ids: list[int]
     block_size: int
     lora_id: int
+    extra_keys: list[bytes] = field(default_factory=list)
+    """Per block, the extra keys its hash mixed in (BlockHasher.extra_keys; b"" if none)."""
 
 
 @dataclass(slots=True, frozen=True)

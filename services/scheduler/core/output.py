@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from services.scheduler.core.request import Request
+    from services.scheduler.kv_connector import KVConnectorMetadata, KVConnectorOutput
 
 
 class FinishReason(enum.IntEnum):
@@ -70,6 +71,8 @@ class SchedulerOutput:
     `new_requests`."""
     request_ids: list[str] = field(default_factory=list)
     """Aligned with `num_scheduled_tokens`; for logs and tests, not for the wire."""
+    kv_connector_metadata: KVConnectorMetadata | None = None
+    """KV blocks the worker loads from / saves to the kvstore this step."""
 
     @property
     def scheduled_handles(self) -> list[int]:
@@ -91,6 +94,7 @@ class RunnerOutput:
 
     handles: list[int]
     sampled_token_ids: list[int]
+    kv_connector_output: KVConnectorOutput | None = None
 
 
 @dataclass(slots=True)

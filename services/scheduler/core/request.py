@@ -17,12 +17,13 @@ from services.scheduler.core.output import FinishReason
 class RequestStatus(enum.IntEnum):
     WAITING = 0
     RUNNING = 1
-    PREEMPTED = 2
+    WAITING_FOR_REMOTE_KVS = 2   # its blocks are being loaded from the kvstore
+    PREEMPTED = 3
     # Everything after PREEMPTED is a finished state.
-    FINISHED_STOPPED = 3
-    FINISHED_LENGTH_CAPPED = 4
-    FINISHED_ABORTED = 5
-    FINISHED_ERROR = 6
+    FINISHED_STOPPED = 4
+    FINISHED_LENGTH_CAPPED = 5
+    FINISHED_ABORTED = 6
+    FINISHED_ERROR = 7
 
     def is_finished(self) -> bool:
         return self > RequestStatus.PREEMPTED
@@ -48,7 +49,7 @@ class Request:
         "sampling", "status", "num_computed_tokens", "num_cached_tokens", "num_preemptions",
         "handle", "arrival_order", "stop_token_id", "error", "block_hasher", "block_hashes",
         "_next_hash_at", "arrival_time", "first_scheduled_time", "first_token_time",
-        "last_token_time", "finished_time",
+        "last_token_time", "finished_time", "do_remote_decode", "kv_store_hit",
     )
 
     def __init__(
@@ -68,6 +69,7 @@ class Request:
         skip_prefix_cache: bool = False,
         sampling: Any = None,
         block_hasher: BlockHasher | None = None,
+        do_remote_decode: bool = False,
     ) -> None:
         # NOTE: numpy arrays (unpacked from the wire) become plain ints: faster to scan and hash.
         prompt = (prompt_token_ids.tolist() if hasattr(prompt_token_ids, "tolist")
@@ -93,11 +95,18 @@ class Request:
         self.lora_id = lora_id
         self.skip_prefix_cache = skip_prefix_cache
         self.sampling = sampling
+        self.do_remote_decode = do_remote_decode
+        """Prefill/decode disaggregation: this engine only prefills; the request finishes once
+        the kvstore holds its prompt's KV (the KV connector holds the finish until then)."""
+        self.kv_store_hit: list[str] = []
+        """The kvstore address of each leading block the store held when the request was
+        admitted (the KV connector's lookup); emptied once the connector used it."""
 
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0
-        """Prefix-cache hit tokens at first schedule; fixed afterwards."""
+        """Prefix-cache hit tokens at first schedule (local hits plus tokens loaded from the
+        kvstore); fixed afterwards."""
         self.num_preemptions = 0
         self.handle: int | None = None
         """Unique int32 the scheduler assigns at add_request; the worker names the request by it."""

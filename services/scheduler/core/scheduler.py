@@ -10,21 +10,26 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from services.common.block_hash import BlockHasher
 from services.scheduler.core.config import SchedulerConfig
 from services.scheduler.core.errors import AdmissionRejected, RequestTooLong
-from services.scheduler.core.kv_cache_manager import KVCacheManager
+from services.scheduler.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from services.scheduler.core.kv_events import AllBlocksCleared, KVCacheEvent
 from services.scheduler.core.output import (CachedRequestData, EngineCoreOutput, NewRequestData,
                                             RunnerOutput, SchedulerOutput, SchedulerStats)
 from services.scheduler.core.request import Request, RequestStatus
 from services.scheduler.core.request_queue import create_request_queue
 
+if TYPE_CHECKING:
+    from services.scheduler.kv_connector import SchedulerKVConnector
+
 _INT32_MAX = 2**31 - 1
 # NOTE: a fixed hint; the queue drains at a rate the core does not measure.
 _RETRY_AFTER_S = 1.0
 RUNNING = RequestStatus.RUNNING
+LOADING = RequestStatus.WAITING_FOR_REMOTE_KVS
 
 
 class _StepPlan:
@@ -43,9 +48,12 @@ class _StepPlan:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, clock: Callable[[], float] = time.monotonic,
-                 num_gpu_blocks: int | None = None) -> None:
+                 num_gpu_blocks: int | None = None,
+                 kv_connector: SchedulerKVConnector | None = None) -> None:
         self.config = config
         self.clock = clock
+        self.kv_connector = kv_connector
+        """Loads prefixes from / saves blocks to the kvstore (kv_connector.py); None: off."""
         self.block_size = config.block_size
         self.max_model_len = config.max_model_len
         self.max_num_seqs = config.max_num_seqs
@@ -197,18 +205,27 @@ class Scheduler:
         kv_cache_manager = self.kv_cache_manager
         threshold = self.long_prefill_token_threshold
         while True:
-            computed_blocks, num_computed_tokens = kv_cache_manager.get_computed_blocks(request)
+            computed_blocks, num_computed_tokens, num_external_tokens = (
+                self._get_computed_tokens(request))
             num_new_tokens = request.num_tokens - num_computed_tokens
             if 0 < threshold < num_new_tokens:
                 num_new_tokens = threshold
-            num_new_tokens = min(num_new_tokens, plan.token_budget)
+            # Blocks the kvstore holds are allocated now and loaded before the request runs.
+            num_new_tokens = num_external_tokens or min(num_new_tokens, plan.token_budget)
+            # (A request with loaded KV counts its computed tokens already.)
+            num_new_computed_tokens = num_computed_tokens - request.num_computed_tokens
             if kv_cache_manager.allocate_slots(request, num_new_tokens, computed_blocks,
-                                               num_computed_tokens) is not None:
+                                               num_new_computed_tokens,
+                                               delay_cache_blocks=num_external_tokens > 0
+                                               ) is not None:
                 break
             if not self._preempt_for_waiting(plan, request):
                 return False
         assert self.waiting.peek_request() is request
         self.waiting.pop_request()
+        if num_external_tokens:
+            self._start_loading(request, num_computed_tokens)
+            return True
         self._num_waiting_tokens -= request.num_tokens
         self.running.append(request)
         if request.first_scheduled_time is None:
@@ -219,6 +236,65 @@ class Scheduler:
         plan.new_reqs[request] = num_new_tokens
         plan.token_budget -= num_new_tokens
         return True
+
+    def _get_computed_tokens(self, request: Request) -> tuple[KVCacheBlocks | None, int, int]:
+        """Local prefix-cache hits (blocks, tokens), then the tokens the kvstore holds beyond
+        them. A request whose KV was loaded already holds its blocks: nothing to look up."""
+        if request.num_computed_tokens:
+            return None, request.num_computed_tokens, 0
+        blocks, num_tokens = self.kv_cache_manager.get_computed_blocks(request)
+        if self.kv_connector is None:
+            return blocks, num_tokens, 0
+        return blocks, num_tokens, self.kv_connector.get_num_new_matched_tokens(request,
+                                                                                num_tokens)
+
+    def _start_loading(self, request: Request, num_local_tokens: int) -> None:
+        """The request waits (still counted as waiting) while the worker loads its blocks
+        after the local hits; `_finish_loads` puts it back in the queue."""
+        assert self.kv_connector is not None
+        request.status = LOADING
+        request.num_computed_tokens = num_local_tokens
+        if request.first_scheduled_time is None:
+            request.first_scheduled_time = self.clock()
+        block_ids = self.kv_cache_manager.get_block_ids(request.request_id)
+        self.kv_connector.start_load(request, num_local_tokens,
+                                     block_ids[num_local_tokens // self.block_size:],
+                                     self.clock())
+
+    def _finish_loads(self, now: float) -> list[EngineCoreOutput]:
+        """Requests whose load ended go back to the queue holding their blocks: computed up
+        to the blocks that arrived intact (the rest is recomputed), or failed, per policy."""
+        assert self.kv_connector is not None
+        outputs = []
+        for request, num_local, num_loaded, failed in self.kv_connector.take_load_results(now):
+            if failed and self.kv_connector.fails_requests_on_load_failure:
+                request.error = "loading the prompt's KV cache from the kvstore failed"
+                self._num_waiting_tokens -= request.num_tokens
+                outputs.append(self._finish(request, RequestStatus.FINISHED_ERROR, now, []))
+                continue
+            request.num_computed_tokens = num_local + num_loaded
+            request.num_cached_tokens = request.num_computed_tokens
+            if request.num_computed_tokens:
+                self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
+            else:
+                self.kv_cache_manager.free(request)   # nothing usable: start afresh
+            request.status = RequestStatus.WAITING
+            self.waiting.prepend_request(request)
+        return outputs
+
+    def _drop_loaded_kv(self) -> None:
+        """The worker lost its KV: loads in flight and KV loaded for waiting requests are gone,
+        so those requests start afresh."""
+        assert self.kv_connector is not None
+        for request in self.requests.values():
+            if request.status is LOADING or (request.status is RequestStatus.WAITING
+                                             and request.num_computed_tokens):
+                self.kv_connector.request_finished(request)
+                self.kv_cache_manager.free(request)
+                request.num_computed_tokens = 0
+                if request.status is LOADING:
+                    request.status = RequestStatus.WAITING
+                    self.waiting.prepend_request(request)
 
     def _preempt_for_waiting(self, plan: _StepPlan, request: Request) -> bool:
         """Priority policy: a waiting request preempts the least deserving running one if
@@ -276,9 +352,14 @@ class Scheduler:
         finished_handles, self._finished_handles = self._finished_handles, []
         step = self._step
         self._step += 1
-        return SchedulerOutput(step, new_requests, cached, num_scheduled_tokens,
-                               self.max_num_batched_tokens - plan.token_budget,
-                               finished_handles, request_ids)
+        output = SchedulerOutput(step, new_requests, cached, num_scheduled_tokens,
+                                 self.max_num_batched_tokens - plan.token_budget,
+                                 finished_handles, request_ids)
+        if self.kv_connector is not None:
+            output.kv_connector_metadata = self.kv_connector.build_meta(
+                [*plan.new_reqs.items(), *plan.running_reqs.items()], get_block_ids,
+                self.kv_cache_manager.take_evicted_blocks())
+        return output
 
     # ==== update =========================================================================
     def update_from_output(self, scheduler_output: SchedulerOutput,
@@ -289,6 +370,10 @@ class Scheduler:
         sampled = dict(zip(runner_output.handles, runner_output.sampled_token_ids))
         get_request = self._handle_to_request.get
         outputs: list[EngineCoreOutput] = []
+        if self.kv_connector is not None:
+            if runner_output.kv_connector_output is not None:
+                self.kv_connector.update_from_output(runner_output.kv_connector_output)
+            outputs += self._finish_loads(now)
         num_finished = 0
         for handle, num_tokens in zip(scheduler_output.scheduled_handles,
                                       scheduler_output.num_scheduled_tokens):
@@ -336,8 +421,10 @@ class Scheduler:
     def _finish(self, request: Request, status: RequestStatus, now: float,
                 new_token_ids: list[int]) -> EngineCoreOutput:
         """Ends a request (the caller takes it out of `running` or `waiting`)."""
-        if request.status is RUNNING:
-            self._finished_handles.append(request.handle)   # the worker drops its row
+        if request.status is RUNNING or request.status is LOADING:
+            self._finished_handles.append(request.handle)   # the worker drops its row / load
+        if self.kv_connector is not None:
+            self.kv_connector.request_finished(request)
         request.status = status
         request.finished_time = now
         self.kv_cache_manager.free(request)
@@ -378,6 +465,27 @@ class Scheduler:
         self.kv_cache_manager.reset_prefix_cache()
         return failed
 
+    def preempt_all(self) -> list[Request]:
+        """The worker lost every row (it restarted, or a step's fate is unknown): each running
+        request is preempted by recompute and waits, with its tokens so far, to be sent to
+        the worker again as a new request. The prefix cache is dropped with the KV it named.
+        Returns the preempted requests."""
+        if self.kv_connector is not None:
+            self._drop_loaded_kv()
+        preempted = sorted(self.running, key=self._sort_key, reverse=True)
+        for request in preempted:      # latest first: each goes to the front of the queue
+            self.kv_cache_manager.free(request)
+            request.status = RequestStatus.PREEMPTED
+            request.num_computed_tokens = 0
+            request.num_preemptions += 1
+            self.num_preemptions += 1
+            self.waiting.prepend_request(request)
+            self._num_waiting_tokens += request.num_tokens
+        self.running = []
+        self._finished_handles.clear()   # the worker holds no rows to drop
+        self.kv_cache_manager.reset_prefix_cache()
+        return preempted
+
     def set_num_blocks(self, num_blocks: int) -> list[Request]:
         """A (re)started worker sized its KV pool. Only while no request holds blocks;
         waiting requests that no longer fit fail with an error and are returned."""
@@ -400,8 +508,11 @@ class Scheduler:
         return self.abort_requests(too_long, RequestStatus.FINISHED_ERROR)
 
     def _make_kv_cache_manager(self, num_blocks: int) -> KVCacheManager:
-        return KVCacheManager(num_blocks, self.block_size, self.max_model_len,
-                              self.config.enable_prefix_caching, self.config.enable_kv_events)
+        manager = KVCacheManager(num_blocks, self.block_size, self.max_model_len,
+                                 self.config.enable_prefix_caching, self.config.enable_kv_events)
+        manager.block_pool.record_evictions = (self.kv_connector is not None
+                                               and self.kv_connector.saves_on_eviction)
+        return manager
 
     # ==== queries ========================================================================
     def has_unfinished_requests(self) -> bool:
