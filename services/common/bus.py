@@ -67,6 +67,12 @@ class Bus:
     def is_connected(self) -> bool:
         return self.client.is_connected
 
+    @property
+    def reconnects(self) -> int:
+        """How often the connection was re-established: messages published or due while it
+        was down may be lost, so work that spans a reconnect is re-synchronised."""
+        return self.client.stats["reconnects"]
+
     async def publish(self, subject: str, message: betterproto.Message) -> None:
         await self.client.publish(subject, bytes(message))
 

@@ -69,6 +69,8 @@ class Service(ABC):
     def is_ready(self) -> tuple[bool, str]:
         if self.bus is None or not self.bus.is_connected:
             return False, "NATS not connected"
+        if self.stopping.is_set():
+            return False, "stopping"
         if not self.is_set_up:
             return False, "starting"
         return self.readiness()
@@ -101,6 +103,8 @@ class Service(ABC):
             else:
                 setup.cancel()
             self.log.info("draining", timeout_s=self.settings.drain_timeout_s)
+            # NOTE: said at once, not at the next beat: gateways stop routing here now.
+            await self._publish_heartbeat()
             try:
                 await asyncio.wait_for(self.drain(), timeout=self.settings.drain_timeout_s)
             except asyncio.TimeoutError:
@@ -114,16 +118,20 @@ class Service(ABC):
 
     async def _heartbeat_loop(self) -> None:
         while True:
-            ready, reason = self.is_ready()
-            beat = wire.Heartbeat(service=self.name, instance_id=self.instance_id, ready=ready,
-                                  reason=reason, time=time.time())
-            self.fill_heartbeat(beat)
-            if self.bus is not None and self.bus.is_connected:
-                try:
-                    await self.bus.publish(self.subjects.heartbeat, beat)
-                except Exception as exc:  # a reconnecting client refuses publishes: skip a beat
-                    self.log.debug("heartbeat not sent", error=str(exc))
+            await self._publish_heartbeat()
             await asyncio.sleep(HEARTBEAT_INTERVAL_S)
+
+    async def _publish_heartbeat(self) -> None:
+        ready, reason = self.is_ready()
+        beat = wire.Heartbeat(service=self.name, instance_id=self.instance_id, ready=ready,
+                              reason=reason, time=time.time(),
+                              reconnects=self.bus.reconnects if self.bus is not None else 0)
+        self.fill_heartbeat(beat)
+        if self.bus is not None and self.bus.is_connected:
+            try:
+                await self.bus.publish(self.subjects.heartbeat, beat)
+            except Exception as exc:  # a reconnecting client refuses publishes: skip a beat
+                self.log.debug("heartbeat not sent", error=str(exc))
 
 
 def run_service(service: Service) -> None:

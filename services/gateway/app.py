@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 from typing import Any, TypeVar
 
@@ -17,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from services.common import wire
 from services.common.bus import BusError
 from services.common.packing import pack_int32, unpack_int32
+from services.gateway.auth import ApiKeys
 from services.gateway.chat import chat_prompt, create_chat_completion
 from services.gateway.completions import create_completion
 from services.gateway.context import GatewayContext
@@ -41,12 +41,17 @@ async def parse_body(request: Request, model: type[M], max_bytes: int) -> M:
         if size > max_bytes:
             raise ApiError(413, f"request body is larger than {max_bytes} bytes")
         chunks.append(chunk)
+    raw = b"".join(chunks)
     try:
-        data = json.loads(b"".join(chunks))
+        data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise invalid(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise invalid("the request body must be a JSON object")
+    if b"\\ud" in raw.lower() and _has_lone_surrogate(data):
+        # NOTE: JSON may escape half a UTF-16 pair ("\ud800"); such text cannot be encoded
+        # as UTF-8, so no tokenizer and no protobuf message could carry it.
+        raise invalid("the request body holds a lone UTF-16 surrogate (invalid Unicode)")
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -55,19 +60,35 @@ async def parse_body(request: Request, model: type[M], max_bytes: int) -> M:
         raise invalid(f"{param}: {first['msg']}" if param else first["msg"], param=param) from None
 
 
+def _has_lone_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_lone_surrogate(v) for v in value)
+    return False
+
+
 def create_app(ctx: GatewayContext, registry: CollectorRegistry) -> FastAPI:
     app = FastAPI(title="LLM Mesh", version=VERSION, docs_url=None, redoc_url=None)
     settings = ctx.settings
-    keys = [k.encode() for k in settings.api_key]
+    api_keys = ApiKeys(settings.api_key, settings.rate_limit_tokens_per_minute,
+                       settings.rate_limit_burst_tokens)
 
     @app.middleware("http")
     async def authenticate(request: Request, call_next: Any) -> Response:
-        if keys and request.url.path not in _OPEN_PATHS:
-            header = request.headers.get("authorization", "")
-            token = header[7:].encode() if header.lower().startswith("bearer ") else b""
-            if not any(hmac.compare_digest(token, k) for k in keys):
+        if request.url.path not in _OPEN_PATHS:
+            tenant = api_keys.identify(request.headers.get("authorization", ""))
+            if tenant is None:
+                ctx.metrics.rejections.labels("401", "invalid_api_key").inc()
                 return ApiError(401, "invalid or missing API key (send Authorization: "
                                      "Bearer <key>)", code="invalid_api_key").response()
+            request.state.tenant = tenant
         return await call_next(request)
 
     @app.exception_handler(ApiError)

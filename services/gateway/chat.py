@@ -10,6 +10,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from services.common import wire
+from services.gateway.auth import tenant_of
 from services.gateway.context import GatewayContext
 from services.gateway.errors import invalid
 from services.gateway.generation import GenerationPlan, PromptInput
@@ -67,7 +68,7 @@ class ChatCompletion:
             max_tokens_param=param)
 
     async def respond(self, request: Request) -> JSONResponse | StreamingResponse:
-        await self.run.start(self.plan())
+        await self.run.start(self.plan(), tenant_of(request))
         if self.body.stream:
             return StreamingResponse(self._stream(), media_type="text/event-stream")
         return JSONResponse(await until_disconnect(request, self._collect(), self.run))

@@ -9,6 +9,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from services.common.packing import pack_int32
+from services.gateway.auth import tenant_of
 from services.gateway.context import GatewayContext
 from services.gateway.errors import invalid
 from services.gateway.generation import GenerationPlan, PromptInput
@@ -70,7 +71,7 @@ class Completion:
             seed=body.seed, priority=body.priority, cache_salt=body.cache_salt or "")
 
     async def respond(self, request: Request) -> JSONResponse | StreamingResponse:
-        await self.run.start(self.plan())
+        await self.run.start(self.plan(), tenant_of(request))
         try:
             if self.body.echo:
                 self.echo_texts = await self._echo_texts()

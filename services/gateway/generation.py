@@ -10,12 +10,18 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+import structlog
+
 from services.common import wire
 from services.common.packing import unpack_int32
+from services.gateway.disaggregation import as_prefill, prefill_remotely, prefill_request_id
 from services.gateway.errors import ApiError, context_length_exceeded, unavailable
 from services.gateway.mesh_client import Generation, MeshClient, TextDelta
 from services.gateway.mesh_view import EngineView, MeshView
 from services.gateway.request_stats import RequestTimer
+from services.gateway.auth import Tenant
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass
@@ -37,6 +43,7 @@ class EncodedPrompt:
     num_tokens: int
     tokenizer_id: str
     request_ids: list[str]
+    detokenize: wire.DetokenizeParams | None = None
 
 
 @dataclass
@@ -65,6 +72,7 @@ class GenerationRun:
     request_timeout_s: float
     timer: RequestTimer
     engine: EngineView | None = None
+    prefill_engine: EngineView | None = None      # P/D: a producer prefills each prompt first
     prompts: list[EncodedPrompt] = field(default_factory=list)
     generations: list[Generation] = field(default_factory=list)
     created: int = field(default_factory=lambda: int(time.time()))
@@ -72,9 +80,14 @@ class GenerationRun:
     _num_tokens: dict[int, int] = field(default_factory=dict)   # choice index -> tokens
     _n: int = 1
 
-    async def start(self, plan: GenerationPlan) -> None:
+    async def start(self, plan: GenerationPlan, tenant: Tenant | None = None) -> None:
+        """Encodes, checks and submits every choice. A tenant (the API key's) salts the
+        prefix cache and pays for prompt + max_tokens from its token bucket (429 if empty)."""
         self._n = plan.n
+        if tenant is not None:
+            plan.cache_salt = tenant.cache_salt(plan.cache_salt)
         self.engine = self._pick_engine(plan.model)
+        self.prefill_engine = self.view.pick_prefill_engine(plan.model)
         started = time.perf_counter()
         encoded = await asyncio.gather(*(self._encode(plan, p, i)
                                          for i, p in enumerate(plan.prompts)),
@@ -87,11 +100,20 @@ class GenerationRun:
             raise errors[0]
         try:
             requests = self._generate_requests(plan)
+            if tenant is not None:
+                tenant.charge(sum(r.sampling.max_tokens + len(r.prompt_token_ids) // 4
+                                  for r in requests))
         except ApiError:
             await self._release_all()
             raise
+        if self.prefill_engine is not None:
+            first = {r.request_id: r for r in requests}
+            await prefill_remotely(self.client, self.prefill_engine, plan.model, [
+                as_prefill(first[p.request_ids[0]], prefill_request_id(self.request_id, i))
+                for i, p in enumerate(self.prompts)], self.request_timeout_s)
+        detokenize = {rid: p.detokenize for p in self.prompts for rid in p.request_ids}
         results = await asyncio.gather(
-            *(self.client.submit(self.engine, request, index, self._queue)
+            *(self._submit(plan.model, request, index, detokenize[request.request_id])
               for index, request in enumerate(requests)), return_exceptions=True)
         self.generations = [r for r in results if isinstance(r, Generation)]
         failures = [r for r in results if isinstance(r, BaseException)]
@@ -99,6 +121,28 @@ class GenerationRun:
             await self.close()
             await self._release_all()
             raise failures[0]
+
+    async def _submit(self, model: str, request: wire.GenerateRequest, index: int,
+                      detokenize: wire.DetokenizeParams | None) -> Generation:
+        """Submits to the chosen engine; an engine that is gone, not ready or full hands the
+        request to the next least-loaded one (it has not started anywhere yet)."""
+        assert self.engine is not None
+        engine, tried = self.engine, set()
+        while True:
+            try:
+                return await self.client.submit(engine, request, index, self._queue,
+                                                model=model, detokenize=detokenize)
+            except ApiError as exc:
+                if exc.status != 503:
+                    raise
+                tried.add(engine.engine_id)
+                others = [e for e in self.view.ready_engines(model) if e.engine_id not in tried]
+                if not others:
+                    raise
+                log.info("engine refused a request; submitting to another",
+                         request_id=request.request_id, engine=engine.engine_id,
+                         code=exc.code, error=exc.message)
+                engine = min(others, key=lambda e: (e.load, e.engine_id))
 
     def _pick_engine(self, model: str) -> EngineView:
         engine = self.view.pick_engine(model)
@@ -114,12 +158,13 @@ class GenerationRun:
                       prompt_index: int) -> EncodedPrompt:
         assert self.engine is not None
         child_ids = [f"{self.request_id}-{prompt_index}-{i}" for i in range(plan.n)]
+        detokenize = plan.make_detokenize(self.engine.engine_id)
         request = wire.EncodeRequest(
             add_generation_prompt=prompt.add_generation_prompt,
             continue_final_message=prompt.continue_final_message,
             add_special_tokens=prompt.add_special_tokens, chat_template=prompt.chat_template,
             chat_template_kwargs_json=prompt.chat_template_kwargs_json,
-            request_ids=child_ids, detokenize=plan.make_detokenize(self.engine.engine_id))
+            request_ids=child_ids + self._prefill_ids(prompt_index), detokenize=detokenize)
         if prompt.chat is not None:
             request.chat = prompt.chat
         elif prompt.token_ids is not None:
@@ -128,7 +173,14 @@ class GenerationRun:
             request.prompt = prompt.prompt or ""
         reply = await self.client.encode(request)
         return EncodedPrompt(reply.token_ids, len(reply.token_ids) // 4, reply.tokenizer_id,
-                             child_ids)
+                             child_ids, detokenize)
+
+    def _prefill_ids(self, prompt_index: int) -> list[str]:
+        """P/D: the prompt's prefill request, registered with the tokenizer beside its choices
+        so its finish comes back here."""
+        if self.prefill_engine is None:
+            return []
+        return [prefill_request_id(self.request_id, prompt_index)]
 
     def _generate_requests(self, plan: GenerationPlan) -> list[wire.GenerateRequest]:
         assert self.engine is not None
@@ -171,8 +223,10 @@ class GenerationRun:
         self._num_tokens[index] = self._num_tokens.get(index, 0) + delta.num_new_tokens
         self.timer.on_output(index, delta.num_new_tokens)
         if delta.finish is not None:
-            self.timer.on_finished(index, self.generations[index].request_id, delta.finish,
-                                   self._num_tokens[index], count_prompt=index % self._n == 0)
+            generation = self.generations[index]
+            self.timer.on_finished(index, generation.request_id, delta.finish,
+                                   self._num_tokens[index], count_prompt=index % self._n == 0,
+                                   num_moves=generation.num_moves)
 
     def prompt_token_ids(self, prompt_index: int) -> list[int]:
         return unpack_int32(self.prompts[prompt_index].token_ids).tolist()
@@ -190,5 +244,6 @@ class GenerationRun:
         await self.client.abort(self.generations)
 
     async def _release_all(self) -> None:
-        for prompt in self.prompts:
-            await self.client.release(prompt.tokenizer_id, prompt.request_ids)
+        for index, prompt in enumerate(self.prompts):
+            await self.client.release(prompt.tokenizer_id,
+                                      prompt.request_ids + self._prefill_ids(index))

@@ -51,7 +51,7 @@ class RequestTimer:
             count_prompt=False)
 
     def on_finished(self, index: int, request_id: str, info: wire.FinishInfo,
-                    num_output_tokens: int, count_prompt: bool) -> None:
+                    num_output_tokens: int, count_prompt: bool, num_moves: int = 0) -> None:
         now = time.perf_counter()
         metrics, model = self._metrics, self._model
         reason = _REASONS.get(info.finish_reason, "unknown")
@@ -75,4 +75,4 @@ class RequestTimer:
                  decode_s=round(info.decode_time_s, 6),
                  detokenize_s=round(info.detokenize_time_s, 6), e2e_s=round(e2e, 6),
                  ttft_s=None if first is None else round(first - self.arrived, 6),
-                 error=info.error or None)
+                 moves=num_moves, error=info.error or None)

@@ -43,7 +43,9 @@ class GatewayService(Service):
     async def setup(self) -> None:
         bus = self.connected_bus
         self.client = MeshClient(bus, self.subjects, self.instance_id, self.view,
-                                 self.settings.tokenizer_timeout_s)
+                                 self.settings.tokenizer_timeout_s,
+                                 migration_timeout_s=self.settings.migration_timeout_s,
+                                 metrics=self.metrics)
         await self.client.start()
         await bus.subscribe(self.subjects.heartbeat, wire.Heartbeat, self._on_heartbeat)
         asyncio.create_task(self._sweep_loop())

@@ -13,6 +13,15 @@ class GatewaySettings(CommonSettings):
     port: int = setting(8000, "HTTP port of the OpenAI-compatible API")
     api_key: list[str] = setting([], "Accepted API keys (repeat the flag for several; none: "
                                  "no auth)", secret=True)
+    rate_limit_tokens_per_minute: int = setting(
+        0, "Per API key (all requests when no key is set): prompt + max_tokens tokens it may "
+        "submit per minute, as a token bucket; beyond it 429 with Retry-After (0: no limit)")
+    rate_limit_burst_tokens: int = setting(
+        0, "Per API key: the token bucket's size, the most one burst may use (0: one "
+        "minute's worth)")
+    migration_timeout_s: float = setting(
+        30.0, "How long a request whose engine or tokenizer was lost may look for live ones "
+        "to continue on, before it fails with a retriable 503")
     max_body_bytes: int = setting(8 * 1024 * 1024, "Largest request body accepted (413 beyond)")
     max_n: int = setting(64, "Largest `n` (samples per prompt) accepted")
     max_logprobs: int = setting(20, "Largest number of top logprobs accepted")

@@ -35,6 +35,18 @@ class RequestDetokenizer:
         self._stops = (StopChecker(params.stop, params.include_stop_str_in_output)
                        if params.stop else None)
 
+    def resume(self, codec: TextCodec, token_ids: Sequence[int], num_chars: int) -> None:
+        """Continues after output tokens already streamed elsewhere (the request moved to
+        another engine or tokenizer): replays them through the decoder without emitting,
+        and marks the first `num_chars` characters of their text as delivered, so held-back
+        text, a character split across tokens and a half-matched stop string carry on
+        exactly where they were."""
+        pieces = (self._stream.step(codec.fast, int(t)) for t in token_ids)
+        text = "".join(p for p in pieces if p is not None)
+        self.num_output_tokens = len(token_ids)
+        if self._stops is not None:
+            self._stops.resume(text, num_chars)
+
     def process(self, codec: TextCodec, token_ids: Sequence[int]) -> tuple[str, int, str | None]:
         """Returns (new text, tokens consumed, the stop string matched or None).
 

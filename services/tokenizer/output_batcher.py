@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from services.common import wire
@@ -14,6 +15,7 @@ class _GatewayBatch:
     request_ids: list[str] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
     finish_reasons: list[int] = field(default_factory=list)
     finished: list[wire.FinishInfo] = field(default_factory=list)
     logprobs: list[wire.TokenLogprobs] = field(default_factory=list)
@@ -23,12 +25,13 @@ class OutputBatcher:
     def __init__(self) -> None:
         self._batches: dict[str, _GatewayBatch] = defaultdict(_GatewayBatch)
 
-    def add(self, gateway_id: str, request_id: str, text: str, num_new_tokens: int,
+    def add(self, gateway_id: str, request_id: str, text: str, token_ids: Sequence[int],
             finish: wire.FinishInfo | None) -> None:
         batch = self._batches[gateway_id]
         batch.request_ids.append(request_id)
         batch.texts.append(text)
-        batch.num_new_tokens.append(num_new_tokens)
+        batch.num_new_tokens.append(len(token_ids))
+        batch.token_ids.extend(token_ids)
         if finish is None:
             batch.finish_reasons.append(wire.FinishReason.NONE)
         else:
@@ -44,7 +47,7 @@ class OutputBatcher:
                 request_ids=pack_strings(b.request_ids), texts=pack_strings(b.texts),
                 num_new_tokens=pack_int32(b.num_new_tokens),
                 finish_reasons=pack_uint8(b.finish_reasons), finished=b.finished,
-                logprobs=b.logprobs)
+                logprobs=b.logprobs, token_ids=pack_int32(b.token_ids))
             for gateway_id, b in self._batches.items()
         }
         self._batches.clear()

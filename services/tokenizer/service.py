@@ -33,6 +33,7 @@ class TokenizerService(Service):
         self.settings: TokenizerSettings = settings
         self.codec: TextCodec | None = None
         self.states: dict[str, RequestDetokenizer] = {}
+        self.clients_seen: dict[str, float] = {}   # gateway / batch runner id -> last heartbeat
         self.metrics = TokenizerMetrics(self.registry)
         self.metrics.detokenizer_states.set_function(lambda: len(self.states))
 
@@ -51,7 +52,9 @@ class TokenizerService(Service):
                             wire.RequestDeltaBatch, self.on_deltas)
         await bus.subscribe(self.subjects.tokenizer_release(self.instance_id),
                             wire.ReleaseRequest, self.on_release)
+        await bus.subscribe(self.subjects.heartbeat, wire.Heartbeat, self.on_heartbeat)
         asyncio.create_task(self._expire_states_loop())
+        asyncio.create_task(self._drop_orphans_loop())
 
     def readiness(self) -> tuple[bool, str]:
         return (True, "") if self.codec is not None else (False, "loading tokenizer")
@@ -66,9 +69,12 @@ class TokenizerService(Service):
         except InvalidPrompt as exc:
             return wire.EncodeReply(error=str(exc), tokenizer_id=self.instance_id)
         self.metrics.encode_time.observe(time.perf_counter() - started)
+        resume_ids = unpack_int32(request.resume_token_ids).tolist()
         for request_id in request.request_ids:
-            self.states[request_id] = RequestDetokenizer(request_id, request.detokenize,
-                                                         len(token_ids))
+            state = RequestDetokenizer(request_id, request.detokenize, len(token_ids))
+            if resume_ids:
+                state.resume(self.codec, resume_ids, request.resume_num_chars)
+            self.states[request_id] = state
         strings = self.codec.raw_token_strings(token_ids) if request.return_token_strings else []
         return wire.EncodeReply(token_ids=pack_int32(token_ids), tokenizer_id=self.instance_id,
                                 token_strings=strings)
@@ -123,13 +129,18 @@ class TokenizerService(Service):
 
         outputs = OutputBatcher()
         stopped_by_string: list[str] = []
+        orphans: list[str] = []
         offset = 0
         for i, request_id in enumerate(request_ids):
             new_tokens = tokens[offset:offset + counts[i]]
             offset += counts[i]
             state = self.states.get(request_id)
             if state is None:
-                continue  # released or expired; the engine learns of it through the gateway
+                # Released, expired or its client gone: nobody reads this text. Stop it in
+                # the engine too, in case the gateway's own abort never arrived.
+                if reasons[i] == FinishReason.NONE:
+                    orphans.append(request_id)
+                continue
             if cached:
                 state.num_cached_tokens = cached[i]
             text, consumed, stop = state.process(self.codec, new_tokens)
@@ -145,11 +156,14 @@ class TokenizerService(Service):
                                            engine_info=finished.get(request_id))
             for entry in logprobs.get(request_id, ()):
                 outputs.add_logprobs(state.gateway_id, self._name_tokens(entry, consumed))
-            outputs.add(state.gateway_id, request_id, text, consumed, finish)
+            outputs.add(state.gateway_id, request_id, text, new_tokens[:consumed].tolist(),
+                        finish)
             if finish is not None:
                 del self.states[request_id]
         if stopped_by_string:
             await self._abort_in_engine(batch.engine_id, stopped_by_string)
+        if orphans:
+            await self._abort_in_engine(batch.engine_id, orphans, FinishReason.ABORT)
         for gateway_id, text_batch in outputs.take().items():
             await self.connected_bus.publish(self.subjects.gateway_outputs(gateway_id), text_batch)
 
@@ -167,14 +181,37 @@ class TokenizerService(Service):
             token_strings=pack_strings(self.codec.token_strings(token_ids.tolist())),
             top_token_strings=pack_strings(self.codec.token_strings(top_ids)))
 
-    async def _abort_in_engine(self, engine_id: str, request_ids: list[str]) -> None:
+    async def _abort_in_engine(self, engine_id: str, request_ids: list[str],
+                               reason: wire.FinishReason = FinishReason.STOP) -> None:
         await self.connected_bus.publish(
             self.subjects.engine_abort(engine_id),
-            wire.AbortRequest(request_ids=request_ids, reason=FinishReason.STOP))
+            wire.AbortRequest(request_ids=request_ids, reason=reason))
 
     async def on_release(self, request: wire.ReleaseRequest) -> None:
         for request_id in request.request_ids:
             self.states.pop(request_id, None)
+
+    async def on_heartbeat(self, beat: wire.Heartbeat) -> None:
+        if beat.service in ("gateway", "batch"):   # the services that receive text
+            self.clients_seen[beat.instance_id] = time.monotonic()
+
+    async def _drop_orphans_loop(self) -> None:
+        """Drops the state of requests whose gateway (or batch runner) stopped: their next
+        deltas find no state, which aborts them in the engine and frees their blocks."""
+        timeout = self.settings.instance_timeout_s
+        while True:
+            await asyncio.sleep(min(1.0, timeout / 2))
+            now = time.monotonic()
+            gone = {c for c, seen in self.clients_seen.items() if now - seen > timeout}
+            if not gone:
+                continue
+            for client_id in gone:
+                del self.clients_seen[client_id]
+            orphans = [rid for rid, s in self.states.items() if s.gateway_id in gone]
+            for request_id in orphans:
+                del self.states[request_id]
+            self.log.warning("client gone; dropped its requests", clients=sorted(gone),
+                             count=len(orphans))
 
     async def _expire_states_loop(self) -> None:
         """Drops state of requests that never produced output (their gateway or engine died

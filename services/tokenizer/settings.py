@@ -11,3 +11,6 @@ from services.common.settings import CommonSettings, ModelSettings, setting
 class TokenizerSettings(CommonSettings, ModelSettings):
     detokenizer_state_ttl_s: float = setting(
         900.0, "Drop the detokenizer state of a request that got no output for this long")
+    instance_timeout_s: float = setting(
+        3.5, "A gateway whose heartbeat is older than this is gone: its requests are dropped "
+        "here and aborted in their engines")

@@ -34,6 +34,12 @@ class StopChecker:
         self._emitted = safe_end
         return emit, None
 
+    def resume(self, text: str, num_emitted: int) -> None:
+        """Restores the state after `text`, of which the first `num_emitted` characters
+        were emitted (text before that point held no stop string)."""
+        self._text = text
+        self._emitted = min(num_emitted, len(text))
+
     def flush(self) -> str:
         """The held-back text, once the request has ended for another reason."""
         emit = self._text[self._emitted:]

@@ -36,7 +36,7 @@ class FakeMeshClient:
         return wire.EncodeReply(token_ids=pack_int32([1, 2, 3]), tokenizer_id="tok-0")
 
     async def submit(self, engine: EngineView, request: wire.GenerateRequest, index: int,
-                     queue: asyncio.Queue[TextDelta]) -> Generation:
+                     queue: asyncio.Queue[TextDelta], **_: object) -> Generation:
         if self.refusals:
             self.refusals -= 1
             raise unavailable("the engine's queue is full")

@@ -1,0 +1,102 @@
+"""API keys and what each key's tenant gets: its own prefix-cache salt and token bucket.
+
+Keys come from --api-key (several allowed). A request's `Authorization: Bearer <key>` is
+compared with every key in constant time. Each key is a tenant:
+
+- **cache salt**: HMAC-SHA256 keyed by the API key. Every request of the tenant carries it
+  in front of any client `cache_salt`, so two tenants never share a prefix-cache block (a
+  shared block would leak, through time to first token, that another tenant sent the same
+  prefix). The same key gives the same salt on every gateway replica.
+- **token bucket** (--rate-limit-tokens-per-minute): see rate_limit.py.
+- **key id**: a short hash of the key, the only form of it that may appear in logs.
+
+With no key configured the API is open and every request is one anonymous tenant: no salt
+is added (client salts pass through), and the rate limit, if set, is shared.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+
+from starlette.requests import Request
+
+from services.gateway.errors import ApiError
+from services.gateway.rate_limit import TokenBucket
+
+_SALT_MESSAGE = b"llm-mesh prefix-cache salt"
+
+
+class Tenant:
+    def __init__(self, key_id: str, salt: str, bucket: TokenBucket | None) -> None:
+        self.key_id = key_id
+        self._salt = salt
+        self._bucket = bucket
+
+    def cache_salt(self, client_salt: str) -> str:
+        """The salt a request of this tenant is hashed with: the tenant's, then the client's."""
+        if not self._salt:
+            return client_salt
+        return f"{self._salt}:{client_salt}" if client_salt else self._salt
+
+    def charge(self, num_tokens: int) -> None:
+        """Pays for a request of `num_tokens` (prompt + max_tokens); 429 if the bucket is
+        short, 400 if the request is larger than the bucket could ever hold."""
+        if self._bucket is None:
+            return
+        wait_s = self._bucket.try_take(num_tokens)
+        if wait_s is None:
+            return
+        if math.isinf(wait_s):
+            raise ApiError(400, f"the request may use {num_tokens} tokens (prompt + "
+                                f"max_tokens), more than this API key's rate limit allows at "
+                                f"once ({int(self._bucket.capacity)}); lower max_tokens",
+                           param="max_tokens", code="rate_limit_exceeded")
+        raise ApiError(429, f"Rate limit reached for this API key: the request may use "
+                            f"{num_tokens} tokens (prompt + max_tokens) and "
+                            f"{int(self._bucket.available)} are available now; retry after "
+                            f"{math.ceil(wait_s)} s", code="rate_limit_exceeded",
+                       retry_after_s=max(1.0, math.ceil(wait_s)))
+
+
+class ApiKeys:
+    def __init__(self, keys: list[str], tokens_per_minute: int = 0,
+                 burst_tokens: int = 0) -> None:
+        def bucket() -> TokenBucket | None:
+            if tokens_per_minute <= 0:
+                return None
+            return TokenBucket(tokens_per_minute / 60.0, burst_tokens or tokens_per_minute)
+
+        self._tenants = [(key.encode(), Tenant(key_id(key), tenant_salt(key), bucket()))
+                         for key in keys]
+        self._anonymous = None if keys else Tenant("anonymous", "", bucket())
+
+    @property
+    def required(self) -> bool:
+        return self._anonymous is None
+
+    def identify(self, authorization: str) -> Tenant | None:
+        """The tenant of an Authorization header; None when it names no valid key."""
+        if self._anonymous is not None:
+            return self._anonymous
+        token = authorization[7:].strip().encode() \
+            if authorization[:7].lower() == "bearer " else b""
+        found = None
+        for key, tenant in self._tenants:   # NOTE: no early exit: constant time over keys
+            if hmac.compare_digest(token, key):
+                found = tenant
+        return found
+
+
+def tenant_of(request: Request) -> Tenant | None:
+    """The tenant the auth middleware found for an HTTP request (None: not through HTTP)."""
+    return getattr(request.state, "tenant", None)
+
+
+def key_id(key: str) -> str:
+    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def tenant_salt(key: str) -> str:
+    return hmac.new(key.encode(), _SALT_MESSAGE, hashlib.sha256).hexdigest()[:32]
