@@ -10,6 +10,7 @@ import json
 import re
 import subprocess
 import tomllib
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -22,6 +23,7 @@ from tests.compose.model import (COMPOSE_DIR, DOCKERFILE, ENGINE2, MAIN, ROOT, V
 MODELS = {name: load(files, profiles) for name, (files, profiles) in VARIANTS.items()}
 ALL_MESH = [(variant, svc) for variant, model in MODELS.items() for svc in mesh_services(model)]
 IDS = [f"{variant}:{svc.name}" for variant, svc in ALL_MESH]
+INDEX_USERS = [(v, s) for v, s in ALL_MESH if s.kind in ("scheduler", "kvstore")]
 _HEALTH_URL = re.compile(r"http://127\.0\.0\.1:(\d+)(/[a-z]+)")
 
 
@@ -109,6 +111,26 @@ def test_nats_url_points_at_the_nats_service(variant, svc, monkeypatch):
     assert (user, password) == (nats["environment"]["NATS_USER"],
                                 nats["environment"]["NATS_PASSWORD"])
     assert svc.spec["depends_on"]["nats"]["condition"] == "service_healthy"
+
+
+@pytest.mark.parametrize(("variant", "svc"), INDEX_USERS,
+                         ids=[f"{v}:{s.name}" for v, s in INDEX_USERS])
+def test_kvstore_nodes_and_schedulers_share_the_password_protected_index(variant, svc,
+                                                                         monkeypatch):
+    url = urlsplit(svc.settings(monkeypatch).redis_url)
+    redis = MODELS[variant]["services"]["redis"]
+    assert (url.hostname, url.port) == ("redis", 6379)
+    assert url.password == redis["environment"]["REDIS_PASSWORD"]
+    if svc.kind == "kvstore":
+        settings = svc.settings(monkeypatch)
+        # Workers dial the address the node puts in the index: this service, its gRPC port.
+        assert settings.advertise_address == f"{svc.name}:{settings.grpc_port}"
+        assert settings.grpc_host == "0.0.0.0"
+        assert svc.spec["depends_on"]["redis"]["condition"] == "service_healthy"
+
+
+def test_the_default_deployment_runs_a_kvstore() -> None:
+    assert "kvstore" in {s.kind for s in mesh_services(MODELS["default"])}
 
 
 @pytest.mark.parametrize(("variant", "svc"), ALL_MESH, ids=IDS)
