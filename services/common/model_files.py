@@ -69,7 +69,8 @@ def resolve_model(model: str) -> ModelFiles:
 
 def _converted_gguf_dir(gguf: Path) -> Path:
     stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:"
+                         f"{_CONVERTED_FORMAT}".encode())
     target = cache_root() / "models" / f"{gguf.stem}-{key.hexdigest()[:12]}"
     done_marker = target / ".complete"
     if done_marker.exists():
@@ -82,6 +83,10 @@ def _converted_gguf_dir(gguf: Path) -> Path:
             _convert_gguf(gguf, target)
             done_marker.touch()
     return target
+
+
+# Bumped when the converted directory's contents change, so caches convert anew.
+_CONVERTED_FORMAT = 2
 
 
 def _convert_gguf(gguf: Path, target: Path) -> None:
@@ -100,6 +105,9 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     save_file(state, str(target / "model.safetensors"), metadata={"format": "pt"})
     config = model.config.to_dict()
     config.pop("quantization_config", None)
+    # NOTE: GGUF-derived configs name no architecture; other HF tools (transformers serve)
+    # need it to load the directory.
+    config["architectures"] = [type(model).__name__]
     (target / "config.json").write_text(json.dumps(config, indent=2))
     model.generation_config.save_pretrained(target)
     tokenizer.save_pretrained(target)
