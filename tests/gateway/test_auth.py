@@ -1,0 +1,79 @@
+"""API keys, per-tenant prefix-cache salts and token-rate limits at the gateway."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from services.gateway.auth import ApiKeys
+from services.gateway.errors import ApiError
+from services.gateway.rate_limit import TokenBucket
+
+
+def test_only_a_configured_key_is_a_tenant() -> None:
+    keys = ApiKeys(["alpha-key", "beta-key"])
+    assert keys.required
+    alpha = keys.identify("Bearer alpha-key")
+    assert alpha is not None and alpha is keys.identify("bearer alpha-key")
+    assert keys.identify("Bearer beta-key") not in (None, alpha)
+    for header in ("", "Bearer", "Bearer wrong", "alpha-key", "Basic alpha-key",
+                   "Bearer alpha-key-and-more"):
+        assert keys.identify(header) is None, header
+
+
+def test_tenants_never_share_a_cache_salt_and_replicas_agree() -> None:
+    alpha = ApiKeys(["alpha-key", "beta-key"]).identify("Bearer alpha-key")
+    beta = ApiKeys(["alpha-key", "beta-key"]).identify("Bearer beta-key")
+    alpha_on_another_gateway = ApiKeys(["alpha-key"]).identify("Bearer alpha-key")
+    assert alpha is not None and beta is not None and alpha_on_another_gateway is not None
+    assert alpha.cache_salt("") != beta.cache_salt("")
+    # A client's own salt cannot make two tenants collide: the tenant's comes first.
+    assert alpha.cache_salt("shared") != beta.cache_salt("shared")
+    assert alpha.cache_salt("x") == alpha_on_another_gateway.cache_salt("x")
+    assert "alpha-key" not in alpha.cache_salt("") + alpha.key_id
+
+
+def test_without_keys_the_api_is_open_and_client_salts_pass_through() -> None:
+    keys = ApiKeys([])
+    tenant = keys.identify("")
+    assert not keys.required and tenant is not None
+    assert tenant.cache_salt("mine") == "mine" and tenant.cache_salt("") == ""
+    tenant.charge(10**9)   # no limit configured
+
+
+def test_an_empty_bucket_answers_429_with_retry_after_and_a_huge_request_400() -> None:
+    tenant = ApiKeys(["k"], tokens_per_minute=60, burst_tokens=100).identify("Bearer k")
+    assert tenant is not None
+    tenant.charge(90)
+    with pytest.raises(ApiError) as refused:
+        tenant.charge(50)
+    assert refused.value.status == 429 and refused.value.code == "rate_limit_exceeded"
+    assert refused.value.retry_after_s is not None and refused.value.retry_after_s >= 1
+    with pytest.raises(ApiError) as too_big:
+        tenant.charge(101)
+    assert too_big.value.status == 400 and too_big.value.param == "max_tokens"
+
+
+def test_each_key_has_its_own_bucket() -> None:
+    keys = ApiKeys(["a", "b"], tokens_per_minute=60, burst_tokens=10)
+    a, b = keys.identify("Bearer a"), keys.identify("Bearer b")
+    assert a is not None and b is not None
+    a.charge(10)
+    b.charge(10)   # a's spending leaves b's bucket full
+    with pytest.raises(ApiError):
+        a.charge(1)
+
+
+def test_token_bucket_refills_at_its_rate_up_to_its_capacity() -> None:
+    now = [0.0]
+    bucket = TokenBucket(rate_per_s=2.0, capacity=10.0, clock=lambda: now[0])
+    assert bucket.try_take(10) is None
+    assert bucket.try_take(4) == pytest.approx(2.0)   # 4 tokens at 2/s
+    now[0] = 1.5
+    assert bucket.try_take(4) == pytest.approx(0.5)   # 3 there, 1 more in 0.5 s
+    now[0] = 2.0
+    assert bucket.try_take(4) is None and bucket.available == pytest.approx(0.0)
+    now[0] = 100.0
+    assert bucket.available == pytest.approx(10.0)    # capped
+    assert math.isinf(bucket.try_take(11))
