@@ -7,13 +7,16 @@ the other in one invocation, so a comparison is measured in one run on one machi
         --bench "--workload random --input-len 128 --output-len 128 --ignore-eos \
                  --max-concurrency 8 --num-prompts 16"
 
-Each --bench runs in turn against each configuration's mesh. Prints the bench reports
-and writes JSON results under --out.
+Each --bench runs in turn against each configuration's mesh. Prints the bench reports, the
+mesh overhead (the share of engine step time spent in NATS messaging and serialization,
+from the scheduler's metrics) and writes JSON results and every service's /metrics under
+--out.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import signal
@@ -32,7 +35,7 @@ def wait_healthy(url: str, process: subprocess.Popen, log: Path, timeout_s: floa
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"llm-mesh up exited:\n{log.read_text()[-4000:]}")
+            raise RuntimeError(f"the server exited:\n{log.read_text()[-4000:]}")
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
                 if response.status == 200:
@@ -40,12 +43,39 @@ def wait_healthy(url: str, process: subprocess.Popen, log: Path, timeout_s: floa
         except OSError:
             pass
         time.sleep(0.5)
-    raise TimeoutError(f"mesh not ready:\n{log.read_text()[-4000:]}")
+    raise TimeoutError(f"the server is not ready:\n{log.read_text()[-4000:]}")
 
 
 def scrape(url: str) -> str:
     with urllib.request.urlopen(url, timeout=5) as response:
         return response.read().decode()
+
+
+def sum_of(metrics: str, name: str) -> float:
+    """The sum of every series of a Prometheus sample named `name` (all label sets)."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith((f"{name}{{", f"{name} ")))
+
+
+def scrape_services(log: Path, label: str, out_dir: Path) -> None:
+    """Saves each service's own /metrics (health URLs from `llm-mesh up`'s log) and prints
+    the mesh overhead the scheduler measured over the whole run."""
+    for line in log.read_text().splitlines():
+        event = json.loads(line) if line.startswith("{") else {}
+        if event.get("event") != "started service":
+            continue
+        service = event["service"]
+        text = scrape(event["health"].replace("/ready", "/metrics"))
+        (out_dir / f"{label}.{service}-metrics.txt").write_text(text)
+        if service == "scheduler":
+            step = sum_of(text, "llm_mesh:engine_step_seconds_sum")
+            messaging = sum_of(text, "llm_mesh:step_messaging_seconds_sum")
+            steps = sum_of(text, "llm_mesh:engine_step_seconds_count")
+            if steps:
+                print(f"mesh overhead ({label}): {steps:.0f} steps, step {1e3 * step / steps:.2f}"
+                      f" ms mean, NATS messaging + serialization "
+                      f"{1e3 * messaging / steps:.2f} ms mean = {100 * messaging / step:.1f}% "
+                      f"of step time", flush=True)
 
 
 def run_config(label: str, up_args: list[str], benches: list[list[str]], out_dir: Path) -> None:
@@ -65,6 +95,7 @@ def run_config(label: str, up_args: list[str], benches: list[list[str]], out_dir
                             "--result-json", str(out_dir / f"{label}.{index}.json"),
                             "--no-progress", *bench_args], check=True, cwd=REPO_ROOT)
         (out_dir / f"{label}.gateway-metrics.txt").write_text(scrape(f"{url}/metrics"))
+        scrape_services(log, label, out_dir)
     finally:
         mesh.send_signal(signal.SIGINT)
         mesh.wait(timeout=90)

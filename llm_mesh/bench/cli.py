@@ -171,7 +171,7 @@ async def bench_serve(args: argparse.Namespace, points: list[BenchmarkPoint],
                    build_json(config, metrics, details if args.save_detailed else None))
         print(f"wrote {args.result_json}", file=sys.stderr)
     if args.plot:
-        write_plot(args.plot, metrics, args.num_devices,
+        write_plot(args.plot, {model: metrics}, args.num_devices,
                    title=f"{model}: {args.workload} {args.input_len}/{args.output_len}")
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0 if all(m.completed for m in metrics) else 1

@@ -91,6 +91,17 @@ class BenchmarkMetrics:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_json(cls, run: dict[str, Any]) -> BenchmarkMetrics:
+        """A run as `to_json` wrote it (extra keys, e.g. per-request rows, ignored)."""
+        fields = {k: v for k, v in run.items() if k in cls.__dataclass_fields__}
+        # NOTE: JSON has no infinity: the report writes an unbounded rate as "inf".
+        fields["request_rate"] = float(fields["request_rate"])
+        for name in ("ttft", "tpot", "itl", "e2el"):
+            if fields.get(name) is not None:
+                fields[name] = Distribution(**fields[name])
+        return cls(**fields)
+
 
 def compute_metrics(run: RunResult, slos: dict[str, float] | None = None) -> BenchmarkMetrics:
     ok = [r for r in run.results if r.success]

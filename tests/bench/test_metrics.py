@@ -7,7 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from llm_mesh.bench.metrics import Distribution, compute_metrics, meets_slos, parse_slos
+from llm_mesh.bench.metrics import (BenchmarkMetrics, Distribution, compute_metrics, meets_slos,
+                                    parse_slos)
+from llm_mesh.bench.report import build_json
 from llm_mesh.bench.runner import BenchmarkPoint, RunResult, arrival_offsets
 from llm_mesh.bench.stream_parser import RequestResult
 
@@ -51,6 +53,13 @@ def test_throughput_counts_only_successes() -> None:
     assert m.errors == {"HTTP 500: boom": 1}
     assert m.goodput is None  # no SLOs given
     assert m.label == "rate=inf c=4"
+
+
+def test_a_run_read_back_from_its_json_report_is_the_same_run() -> None:
+    results = [result(0.1, 1.1, 11), result(0.3, 0.5, 5, success=False)]
+    m = compute_metrics(RunResult(BenchmarkPoint(math.inf, 4), results, 2.0, 0.01))
+    [run] = build_json({}, [m], [results])["runs"]   # with per-request rows, as --save-detailed
+    assert BenchmarkMetrics.from_json(run) == m
 
 
 def test_goodput_needs_every_slo_met() -> None:
