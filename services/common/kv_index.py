@@ -32,6 +32,17 @@ for i, key in ipairs(KEYS) do
 end
 return n
 """
+# A read refreshes entries that still exist; one that expired meanwhile is not recreated
+# with only a last_use field (HSET on a missing key would).
+_TOUCH_IF_PRESENT = """
+for i, key in ipairs(KEYS) do
+  if redis.call('EXISTS', key) == 1 then
+    redis.call('HSET', key, 'last_use', ARGV[1])
+    redis.call('PEXPIRE', key, ARGV[2])
+  end
+end
+return 0
+"""
 
 
 @dataclass
@@ -56,6 +67,7 @@ class KVIndex:
         self.client = client
         self.prefix = f"llm-mesh:{namespace}"
         self._delete_if_owner = client.register_script(_DELETE_IF_OWNER)
+        self._touch_if_present = client.register_script(_TOUCH_IF_PRESENT)
 
     @classmethod
     def connect(cls, url: str, namespace: str, timeout_s: float = 2.0) -> KVIndex:
@@ -127,22 +139,11 @@ class KVIndex:
             pipe.pexpire(self._node_blocks_key(node_id), int(ttl_s * 1000))
             await pipe.execute()
 
-    async def set_tier(self, fingerprint: str, block_hashes: Sequence[bytes], tier: str) -> None:
-        if block_hashes:
-            async with self.client.pipeline(transaction=False) as pipe:
-                for block_hash in block_hashes:
-                    pipe.hset(self.block_key(fingerprint, block_hash), "tier", tier)
-                await pipe.execute()
-
     async def touch(self, fingerprint: str, block_hashes: Sequence[bytes], ttl_s: float) -> None:
         """A read: the entries live another ttl_s and record their last use."""
-        now = time.time()
-        async with self.client.pipeline(transaction=False) as pipe:
-            for block_hash in block_hashes:
-                key = self.block_key(fingerprint, block_hash)
-                pipe.hset(key, "last_use", now)
-                pipe.pexpire(key, int(ttl_s * 1000))
-            await pipe.execute()
+        if block_hashes:
+            await self._touch_if_present([self.block_key(fingerprint, h) for h in block_hashes],
+                                         [time.time(), int(ttl_s * 1000)])
 
     async def remove_entries(self, node_id: str, fingerprint: str,
                              block_hashes: Sequence[bytes]) -> int:

@@ -27,6 +27,7 @@ class Change:
     medium: Medium
     size: int = 0            # stored blocks: payload bytes and the writer's checksum
     checksum: int = 0
+    is_refresh: bool = False  # stored again while held: its index entry is written anew
 
 
 class BlockStore:
@@ -47,12 +48,14 @@ class BlockStore:
 
     def put(self, key: BlockKey, block: Block) -> list[Change] | None:
         """Stores a block; None when it is larger than the CPU tier (refused). A block this node
-        already holds is only refreshed: equal hashes under one fingerprint mean equal KV."""
+        already holds is only refreshed (equal hashes under one fingerprint mean equal KV):
+        its LRU place, and its index entry, which may have expired or been lost meanwhile."""
         if len(block.data) > self.cpu.capacity_bytes:
             return None
-        if self.medium_of(key) is not None:
+        medium = self.medium_of(key)
+        if medium is not None:
             self.cpu.get(key)   # refreshes its LRU place if in memory
-            return []
+            return [Change(key, True, medium, len(block.data), block.checksum, is_refresh=True)]
         changes = [Change(key, True, Medium.CPU, len(block.data), block.checksum)]
         for old_key, old in self.cpu.put(key, block):
             changes.append(Change(old_key, False, Medium.CPU))

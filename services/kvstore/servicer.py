@@ -128,6 +128,8 @@ class KVStoreServicer(wire.KvStoreBase):
         assert self.publisher_for is not None
         by_fingerprint: dict[str, list[wire.KvEvent]] = defaultdict(list)
         for change in changes:   # in order: a spill is removed(cpu) then stored(disk)
+            if change.is_refresh:
+                continue   # consumers already know it
             fingerprint, block_hash = change.key
             medium = _MEDIUM[change.medium]
             event = (wire.KvEvent(stored=wire.BlockStored(block_hashes=[block_hash],

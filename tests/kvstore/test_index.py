@@ -65,6 +65,28 @@ async def test_a_prefix_spans_nodes_and_stops_at_a_dead_one(index: KVIndex) -> N
         assert await index.get_entry(FP, items[0][0]) is not None
 
 
+async def test_storing_a_held_block_again_restores_its_lost_index_entry(index: KVIndex) -> None:
+    items = blocks(2)
+    async with running_servicer(1 << 20, "node-a", index) as (_, address), \
+            stub_for(address) as stub:
+        await stub.put(put_messages(items))
+        await index.remove_entries("node-a", FP, [items[0][0]])   # expired, or Redis lost it
+        assert await index.get_entry(FP, items[0][0]) is None
+        reply = await stub.put(put_messages(items[:1]))
+        assert reply.num_stored == 1
+        entry = await index.get_entry(FP, items[0][0])
+        assert entry is not None and (entry.node, entry.tier) == ("node-a", "cpu")
+
+
+async def test_a_read_refreshes_entries_and_never_recreates_a_lost_one(index: KVIndex) -> None:
+    await index.put_entries("node-a", FP, [(b"h" * 32, "cpu", 10, 123)], ttl_s=30)
+    before = await index.get_entry(FP, b"h" * 32)
+    await index.touch(FP, [b"h" * 32, b"gone" * 8], ttl_s=30)
+    after = await index.get_entry(FP, b"h" * 32)
+    assert before is not None and after is not None and after.last_use >= before.last_use
+    assert await index.get_entry(FP, b"gone" * 8) is None   # not a half entry
+
+
 async def test_entries_expire_with_their_ttl(index: KVIndex) -> None:
     await index.put_entries("node-a", FP, [(b"h" * 32, "cpu", 10, 123)], ttl_s=0.3)
     assert await index.get_entry(FP, b"h" * 32) is not None
