@@ -30,7 +30,7 @@ from llm_mesh.cli import SERVICE_MODULES
 from llm_mesh.embedded import EmbeddedNats, EmbeddedRedis, free_port
 from services.common.logs import configure_logging
 from services.common.model_files import resolve_model
-from services.common.settings import add_arguments, flag_name, setting
+from services.common.settings import add_arguments, env_name, flag_name, setting
 from services.gateway.batch.settings import BatchSettings
 from services.gateway.settings import GatewaySettings
 from services.kvstore.settings import KVStoreSettings
@@ -75,21 +75,26 @@ def up_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def service_argv(service: str, explicit: dict[str, Any]) -> list[str]:
-    """The flags the user gave that `service` declares."""
-    names = {f.name for f in dataclasses.fields(SERVICES[service])} - _MANAGED
+def service_argv(service: str, explicit: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+    """The flags the user gave that `service` declares, and its secrets (API keys, URLs with
+    credentials) as LLM_MESH_* variables instead: a command line is visible to every local
+    user (ps), a process's environment only to its owner."""
+    fields = {f.name: f for f in dataclasses.fields(SERVICES[service]) if f.name not in _MANAGED}
     argv: list[str] = []
+    env: dict[str, str] = {}
     for name, value in explicit.items():
-        if name not in names:
+        if name not in fields:
             continue
-        if isinstance(value, bool):
+        if fields[name].metadata.get("secret"):
+            env[env_name(name)] = ",".join(value) if isinstance(value, list) else str(value)
+        elif isinstance(value, bool):
             argv.append(flag_name(name) if value else "--no-" + flag_name(name)[2:])
         elif isinstance(value, list):
             for item in value:
                 argv += [flag_name(name), str(item)]
         else:
             argv += [flag_name(name), str(value)]
-    return argv
+    return argv, env
 
 
 @dataclass
@@ -97,13 +102,14 @@ class Child:
     name: str
     argv: list[str]
     health_port: int
+    env: dict[str, str] = field(default_factory=dict)   # secrets, as LLM_MESH_* variables
     process: subprocess.Popen | None = None
     restarts: list[float] = field(default_factory=list)
 
     def start(self) -> None:
         self.process = subprocess.Popen(
             [sys.executable, "-m", SERVICE_MODULES[self.name], *self.argv,
-             "--health-port", str(self.health_port)],
+             "--health-port", str(self.health_port)], env={**os.environ, **self.env},
             start_new_session=True, preexec_fn=_die_with_parent)
 
     def exited(self) -> int | None:
@@ -151,31 +157,32 @@ class Mesh:
             self.nats = EmbeddedNats().start()
             nats_url = self.nats.url
             log.info("embedded NATS started", url=nats_url)
-        redis_argv = self._start_redis()
+        redis_env = self._start_redis()
         # Convert the model once here, so the services don't race to do it.
         files = resolve_model(self.explicit.get("model", ""))
         log.info("model ready", model=files.served_name, files=str(files.hf_dir))
         for name in SERVICES:
             if name == "kvstore" and not self.explicit.get("enable_kv_connector", True):
                 continue
-            argv = service_argv(name, self.explicit) + ["--nats-url", nats_url]
+            argv, env = service_argv(name, self.explicit)
+            env[env_name("nats_url")] = nats_url
             if "redis_url" in {f.name for f in dataclasses.fields(SERVICES[name])}:
-                argv += redis_argv
-            child = Child(name, argv, free_port())
+                env.update(redis_env)
+            child = Child(name, argv, free_port(), env)
             child.start()
             self.children.append(child)
             log.info("started service", service=name, pid=child.process.pid,
                      health=f"http://127.0.0.1:{child.health_port}/ready")
 
-    def _start_redis(self) -> list[str]:
-        """The --redis-url flag for the services that use it: an embedded server unless the
-        user named one (their flag already reaches those services) or turned the KV
-        connector off."""
+    def _start_redis(self) -> dict[str, str]:
+        """The Redis URL for the services that use it: an embedded server unless the user
+        named one (their flag already reaches those services) or turned the KV connector
+        off."""
         if self.up.redis_url or not self.explicit.get("enable_kv_connector", True):
-            return []
+            return {}
         self.redis = EmbeddedRedis().start()
         log.info("embedded Redis started", url=self.redis.url)
-        return ["--redis-url", self.redis.url]
+        return {env_name("redis_url"): self.redis.url}
 
     def _gateway_url(self) -> str:
         host = self.explicit.get("host", GatewaySettings.host)

@@ -8,7 +8,8 @@ compared with every key in constant time. Each key is a tenant:
   shared block would leak, through time to first token, that another tenant sent the same
   prefix). The same key gives the same salt on every gateway replica.
 - **token bucket** (--rate-limit-tokens-per-minute): see rate_limit.py.
-- **key id**: a short hash of the key, the only form of it that may appear in logs.
+- **key id**: a short hash of the key, the only form of it that appears in logs (the
+  `api_key` field of the gateway's `request finished` line).
 
 With no key configured the API is open and every request is one anonymous tenant: no salt
 is added (client salts pass through), and the rate limit, if set, is shared.
@@ -70,7 +71,7 @@ class ApiKeys:
 
         self._tenants = [(key.encode(), Tenant(key_id(key), tenant_salt(key), bucket()))
                          for key in keys]
-        self._anonymous = None if keys else Tenant("anonymous", "", bucket())
+        self._anonymous = None if keys else Tenant("", "", bucket())   # no key: no id
 
     @property
     def required(self) -> bool:

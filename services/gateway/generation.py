@@ -86,6 +86,7 @@ class GenerationRun:
         self._n = plan.n
         if tenant is not None:
             plan.cache_salt = tenant.cache_salt(plan.cache_salt)
+            self.timer.key_id = tenant.key_id
         self.engine = self._pick_engine(plan.model)
         self.prefill_engine = self.view.pick_prefill_engine(plan.model)
         started = time.perf_counter()

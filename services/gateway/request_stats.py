@@ -25,6 +25,7 @@ class RequestTimer:
         self.request_id = request_id
         self.arrived = time.perf_counter()
         self.tokenize_s = 0.0
+        self.key_id = ""    # the API key's id (a hash: never the key), when keys are on
         self._first_output: dict[int, float] = {}  # choice index -> time of its first output
         self._last_output: dict[int, float] = {}   # choice index -> time of its last output
 
@@ -67,7 +68,8 @@ class RequestTimer:
             metrics.request_prefill_time.labels(model).observe(info.prefill_time_s)
             metrics.request_decode_time.labels(model).observe(info.decode_time_s)
         metrics.detokenize_time.labels(model).observe(info.detokenize_time_s)
-        log.info("request finished", request_id=request_id, engine=info.engine_id, model=model,
+        log.info("request finished", request_id=request_id, api_key=self.key_id or None,
+                 engine=info.engine_id, model=model,
                  finish_reason=reason, prompt_tokens=info.num_prompt_tokens,
                  cached_tokens=info.num_cached_tokens, completion_tokens=num_output_tokens,
                  preemptions=info.num_preemptions, tokenize_s=round(self.tokenize_s, 6),
