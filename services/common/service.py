@@ -16,7 +16,6 @@ import time
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
-import structlog
 import uvloop
 from prometheus_client import CollectorRegistry
 

@@ -19,7 +19,7 @@ from services.common.kv_event_stream import KVEventPublisher
 from services.common.kv_index import KVIndex
 from services.common.metrics import KVStoreMetrics
 from services.kvstore.block_store import BlockStore, Change, Medium
-from services.kvstore.tiers import Block, BlockKey
+from services.kvstore.tiers import Block
 
 log = structlog.get_logger(__name__)
 

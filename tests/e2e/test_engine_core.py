@@ -10,7 +10,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.mesh import Mesh, http_post
+from tests.mesh import Mesh, http_post, serving
 
 pytestmark = pytest.mark.slow
 
