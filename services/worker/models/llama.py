@@ -106,8 +106,7 @@ class LlamaForCausalLM:
                        for i in range(config.num_hidden_layers)]
         self.norm = weights.get("norm.weight")
         tied = config.tie_word_embeddings or "lm_head.weight" not in weights
-        self.lm_head = Linear(self.embed_tokens if tied else weights.get("lm_head.weight"),
-                              prepack=True)
+        self.lm_head = Linear(self.embed_tokens if tied else weights.get("lm_head.weight"))
         self.num_bytes = (self.embed_tokens.numel() * self.embed_tokens.element_size()
                           + sum(layer.num_bytes for layer in self.layers)
                           + self.norm.numel() * self.norm.element_size()
