@@ -88,6 +88,17 @@ class GenerationRun:
             plan.cache_salt = tenant.cache_salt(plan.cache_salt)
             self.timer.key_id = tenant.key_id
         self.engine = self._pick_engine(plan.model)
+        # NOTE: counted as in flight on the engine from the pick, not only once submitted
+        # (after encoding): requests arriving together would all pick the same idle engine.
+        reserved = plan.n * len(plan.prompts)
+        self.view.track(self.engine.engine_id, +reserved)
+        try:
+            await self._encode_and_submit(plan, tenant)
+        finally:
+            self.view.track(self.engine.engine_id, -reserved)
+
+    async def _encode_and_submit(self, plan: GenerationPlan, tenant: Tenant | None) -> None:
+        assert self.engine is not None
         self.prefill_engine = self.view.pick_prefill_engine(plan.model)
         started = time.perf_counter()
         encoded = await asyncio.gather(*(self._encode(plan, p, i)
