@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import json
-from typing import Any, TypeVar
+from typing import Any
 
 import structlog
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.common import wire
 from services.common.bus import BusError
 from services.common.packing import pack_int32, unpack_int32
 from services.gateway.auth import ApiKeys
+from services.gateway.body import parse_body
 from services.gateway.chat import chat_prompt, create_chat_completion
 from services.gateway.completions import create_completion
 from services.gateway.context import GatewayContext
@@ -26,52 +25,8 @@ from services.gateway.protocol import (ChatCompletionRequest, CompletionRequest,
                                        DetokenizeRequest, TokenizeRequest)
 
 log = structlog.get_logger(__name__)
-M = TypeVar("M", bound=BaseModel)
 VERSION = "0.1.0"
 _OPEN_PATHS = {"/health", "/ready", "/version", "/metrics"}
-
-
-async def parse_body(request: Request, model: type[M], max_bytes: int) -> M:
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > max_bytes:
-        raise ApiError(413, f"request body is larger than {max_bytes} bytes")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise ApiError(413, f"request body is larger than {max_bytes} bytes")
-        chunks.append(chunk)
-    raw = b"".join(chunks)
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise invalid(f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise invalid("the request body must be a JSON object")
-    if b"\\ud" in raw.lower() and _has_lone_surrogate(data):
-        # NOTE: JSON may escape half a UTF-16 pair ("\ud800"); such text cannot be encoded
-        # as UTF-8, so no tokenizer and no protobuf message could carry it.
-        raise invalid("the request body holds a lone UTF-16 surrogate (invalid Unicode)")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        param = ".".join(str(p) for p in first["loc"]) or None
-        raise invalid(f"{param}: {first['msg']}" if param else first["msg"], param=param) from None
-
-
-def _has_lone_surrogate(value: Any) -> bool:
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return True
-        return False
-    if isinstance(value, dict):
-        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_has_lone_surrogate(v) for v in value)
-    return False
 
 
 def create_app(ctx: GatewayContext, registry: CollectorRegistry) -> FastAPI:

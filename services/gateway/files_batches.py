@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, TypeVar
+from typing import Any
 
 import nats.errors
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.datastructures import UploadFile
 
 from services.common.bus import Bus, BusError
@@ -23,11 +23,11 @@ from services.common.subjects import Subjects
 from services.gateway.batch.job_store import BatchStore
 from services.gateway.batch.records import (BATCH_ENDPOINTS, COMPLETION_WINDOWS, BatchJob,
                                             BatchRecord, FileRecord, new_batch_id, new_file_id)
+from services.gateway.body import parse_body
 from services.gateway.context import GatewayContext
 from services.gateway.errors import ApiError, invalid, unavailable
 from services.gateway.settings import GatewaySettings
 
-M = TypeVar("M", bound=BaseModel)
 MAX_FILE_BYTES = 200 * 1024 * 1024   # OpenAI's limit for a batch input file
 MULTIPART_OVERHEAD_BYTES = 64 * 1024
 CANCELLABLE = frozenset({"validating", "in_progress"})
@@ -117,7 +117,7 @@ def files_batches_router(ctx: GatewayContext) -> APIRouter:
 
     @router.post("/v1/batches")
     async def create_batch(request: Request) -> dict[str, Any]:
-        body = await _json_body(request, CreateBatchRequest)
+        body = await parse_body(request, CreateBatchRequest, ctx.settings.max_body_bytes)
         if body.endpoint not in BATCH_ENDPOINTS:
             raise invalid(f"endpoint must be one of {', '.join(BATCH_ENDPOINTS)}",
                           param="endpoint")
@@ -195,16 +195,3 @@ def _page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
             "last_id": data[-1]["id"] if data else None}
 
 
-async def _json_body(request: Request, model: type[M]) -> M:
-    try:
-        data = await request.json()
-    except ValueError:
-        raise invalid("the request body is not valid JSON") from None
-    if not isinstance(data, dict):
-        raise invalid("the request body must be a JSON object")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        param = ".".join(str(p) for p in first["loc"]) or None
-        raise invalid(f"{param}: {first['msg']}" if param else first["msg"], param=param) from None
