@@ -18,7 +18,7 @@ from services.common.packing import unpack_int32, unpack_strings, unpack_uint8
 from services.common.subjects import Subjects
 from services.gateway.errors import ApiError, unavailable
 from services.gateway.mesh_view import EngineView, Instance, MeshView
-from services.gateway.migration import Migrator
+from services.gateway.migration import Migrator, is_movable
 
 log = structlog.get_logger(__name__)
 _SETTLE_AFTER_RECONNECT_S = 1.0
@@ -254,6 +254,7 @@ class MeshClient:
         counts = unpack_int32(batch.num_new_tokens).tolist()
         reasons = unpack_uint8(batch.finish_reasons).tolist()
         token_ids = unpack_int32(batch.token_ids).tolist()
+        positions = unpack_int32(batch.output_positions).tolist()
         offsets = [0] * len(counts)
         for i in range(1, len(counts)):
             offsets[i] = offsets[i - 1] + counts[i - 1]
@@ -265,7 +266,14 @@ class MeshClient:
             generation = self._generations.get(request_id)
             if generation is None:
                 continue  # aborted here already
+            if positions and positions[i] != len(generation.output_token_ids):
+                # Output lost in flight (a NATS restart): continue from what the client has.
+                self.migrator.move([generation], "output was lost in flight")
+                continue
             finish = finished.get(request_id) if reasons[i] else None
+            if finish is not None and finish.movable and is_movable(generation):
+                self.migrator.move([generation], finish.error.split(";")[0])
+                continue
             generation.output_token_ids += token_ids[offsets[i]:offsets[i] + counts[i]]
             generation.num_chars += len(texts[i])
             generation.queue.put_nowait(TextDelta(generation.index, texts[i], counts[i], finish,

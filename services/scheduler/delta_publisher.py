@@ -24,11 +24,15 @@ class _TokenizerBatch:
     new_token_ids: list[int] = field(default_factory=list)
     finish_reasons: list[int] = field(default_factory=list)
     num_cached_tokens: list[int] = field(default_factory=list)
+    output_positions: list[int] = field(default_factory=list)
     finished: list[wire.FinishInfo] = field(default_factory=list)
     logprobs: list[wire.RequestLogprobs] = field(default_factory=list)
 
-    def add(self, request_id: str, token_ids: list[int], finish: int, num_cached: int) -> None:
+    def add(self, request_id: str, token_ids: list[int], finish: int, num_cached: int,
+            num_output_tokens: int) -> None:
+        """`num_output_tokens` counts the request's outputs including `token_ids`."""
         self.request_ids.append(request_id)
+        self.output_positions.append(num_output_tokens - len(token_ids))
         self.num_new_tokens.append(len(token_ids))
         self.new_token_ids.extend(token_ids)
         self.finish_reasons.append(finish)
@@ -53,7 +57,8 @@ class DeltaPublisher:
                 continue
             batch = batches[tokenizer_id]
             finish = _NO_FINISH if out.finish_reason is None else int(out.finish_reason)
-            batch.add(out.request_id, out.new_token_ids, finish, out.num_cached_tokens)
+            batch.add(out.request_id, out.new_token_ids, finish, out.num_cached_tokens,
+                      out.num_output_tokens)
             seen.add(out.request_id)
             if out.finish_reason is not None:
                 batch.finished.append(self._finish_info(out, wire.FinishReason(finish)))
@@ -63,24 +68,27 @@ class DeltaPublisher:
                 continue
             batch = batches[tokenizer_id]
             if request_id not in seen:  # a prefill chunk's prompt logprobs: no token yet
-                batch.add(request_id, [], _NO_FINISH, 0)
+                batch.add(request_id, [], _NO_FINISH, 0, 0)
                 seen.add(request_id)
             batch.logprobs.append(entry)
         await self._send(batches)
 
     async def publish_errors(self, requests: Iterable[Request], reason: str,
-                             tokenizer_of: Mapping[str, str]) -> None:
+                             tokenizer_of: Mapping[str, str], *, movable: bool = False) -> None:
+        """Ends `requests` with an error; `movable` ones may continue on another engine."""
         batches: dict[str, _TokenizerBatch] = defaultdict(_TokenizerBatch)
         for request in requests:
             tokenizer_id = tokenizer_of.get(request.request_id)
             if tokenizer_id is None:
                 continue
             batch = batches[tokenizer_id]
-            batch.add(request.request_id, [], wire.FinishReason.ERROR, request.num_cached_tokens)
+            batch.add(request.request_id, [], wire.FinishReason.ERROR, request.num_cached_tokens,
+                      request.num_output_tokens)
             info = request_timing(request, self._engine_id)
             info.request_id = request.request_id
             info.finish_reason = wire.FinishReason.ERROR
             info.error = reason
+            info.movable = movable
             batch.finished.append(info)
         await self._send(batches)
 
@@ -103,6 +111,7 @@ class DeltaPublisher:
                                         new_token_ids=pack_int32(b.new_token_ids),
                                         finish_reasons=pack_uint8(b.finish_reasons),
                                         num_cached_tokens=pack_int32(b.num_cached_tokens),
+                                        output_positions=pack_int32(b.output_positions),
                                         finished=b.finished, logprobs=b.logprobs))
 
 

@@ -217,7 +217,7 @@ class SchedulerService(Service):
             return await asyncio.wait_for(self.worker.wait_ready(),
                                           self.settings.worker_rejoin_timeout_s)
         except asyncio.TimeoutError:
-            await self._fail_all("the engine's worker is gone; retry the request")
+            await self._fail_all("the engine's worker is gone; retry the request", movable=True)
             return await self.worker.wait_ready()
 
     async def _attach_worker(self, info: wire.WorkerInfo) -> None:
@@ -350,13 +350,13 @@ class SchedulerService(Service):
                 self._forget(output.request_id, output.handle)
             self.stats.on_outputs(held, time.monotonic())
 
-    async def _fail_all(self, reason: str) -> None:
+    async def _fail_all(self, reason: str, *, movable: bool = False) -> None:
         assert self.deltas is not None
         if self.scheduler is None:
             return
         await self._send_held_finishes()
         failed = self.scheduler.fail_all(reason)
-        await self.deltas.publish_errors(failed, reason, self.tokenizer_of)
+        await self.deltas.publish_errors(failed, reason, self.tokenizer_of, movable=movable)
         if self.stats is not None:
             for request in failed:
                 self.stats.on_finished(request)

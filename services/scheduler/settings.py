@@ -31,7 +31,7 @@ class SchedulerSettings(CommonSettings, EngineSettings, KVIndexSettings):
         5.0, "Declare the worker lost after this long without its heartbeat")
     worker_rejoin_timeout_s: float = setting(
         60.0, "How long requests wait, preempted, for a lost worker to return before they "
-        "fail with a retriable error")
+        "are given up to the gateways, which move them to another engine")
     stall_timeout_s: float = setting(
         120.0, "Report not ready when no step completed for this long while work waits")
     # KV connector (docs/kvstore.md): active with --redis-url and prefix caching.

@@ -27,7 +27,8 @@ class RequestDetokenizer:
         self.return_token_strings = params.return_token_strings
         self.num_prompt_tokens = num_prompt_tokens
         self.num_cached_tokens = 0
-        self.num_output_tokens = 0
+        self.num_output_tokens = 0     # across moves: what the client has been sent
+        self._num_resumed_tokens = 0   # of those, streamed before the request moved here
         self.has_output = False
         self.detokenize_time_s = 0.0
         self.registered_at = time.monotonic()
@@ -43,9 +44,14 @@ class RequestDetokenizer:
         exactly where they were."""
         pieces = (self._stream.step(codec.fast, int(t)) for t in token_ids)
         text = "".join(p for p in pieces if p is not None)
-        self.num_output_tokens = len(token_ids)
+        self.num_output_tokens = self._num_resumed_tokens = len(token_ids)
         if self._stops is not None:
             self._stops.resume(text, num_chars)
+
+    def stream_position(self, engine_position: int) -> int:
+        """Where tokens the engine numbers from `engine_position` (its count starts at this
+        submission) fall in the client's stream; past `num_output_tokens` after a lost batch."""
+        return self._num_resumed_tokens + engine_position
 
     def process(self, codec: TextCodec, token_ids: Sequence[int]) -> tuple[str, int, str | None]:
         """Returns (new text, tokens consumed, the stop string matched or None).

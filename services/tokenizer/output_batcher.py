@@ -17,6 +17,7 @@ class _GatewayBatch:
     num_new_tokens: list[int] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     finish_reasons: list[int] = field(default_factory=list)
+    output_positions: list[int] = field(default_factory=list)
     finished: list[wire.FinishInfo] = field(default_factory=list)
     logprobs: list[wire.TokenLogprobs] = field(default_factory=list)
 
@@ -26,8 +27,10 @@ class OutputBatcher:
         self._batches: dict[str, _GatewayBatch] = defaultdict(_GatewayBatch)
 
     def add(self, gateway_id: str, request_id: str, text: str, token_ids: Sequence[int],
-            finish: wire.FinishInfo | None) -> None:
+            finish: wire.FinishInfo | None, output_position: int) -> None:
+        """`output_position`: the request's output tokens sent before `token_ids`."""
         batch = self._batches[gateway_id]
+        batch.output_positions.append(output_position)
         batch.request_ids.append(request_id)
         batch.texts.append(text)
         batch.num_new_tokens.append(len(token_ids))
@@ -47,7 +50,8 @@ class OutputBatcher:
                 request_ids=pack_strings(b.request_ids), texts=pack_strings(b.texts),
                 num_new_tokens=pack_int32(b.num_new_tokens),
                 finish_reasons=pack_uint8(b.finish_reasons), finished=b.finished,
-                logprobs=b.logprobs, token_ids=pack_int32(b.token_ids))
+                logprobs=b.logprobs, token_ids=pack_int32(b.token_ids),
+                output_positions=pack_int32(b.output_positions))
             for gateway_id, b in self._batches.items()
         }
         self._batches.clear()

@@ -9,6 +9,7 @@ import time
 from collections import defaultdict
 
 import betterproto
+from nats.aio.subscription import Subscription
 
 from services.common import wire
 from services.common.metrics import TokenizerMetrics
@@ -34,6 +35,7 @@ class TokenizerService(Service):
         self.codec: TextCodec | None = None
         self.states: dict[str, RequestDetokenizer] = {}
         self.clients_seen: dict[str, float] = {}   # gateway / batch runner id -> last heartbeat
+        self._new_work: list[Subscription] = []      # encode/detokenize queue subscriptions
         self.metrics = TokenizerMetrics(self.registry)
         self.metrics.detokenizer_states.set_function(lambda: len(self.states))
 
@@ -44,10 +46,11 @@ class TokenizerService(Service):
         self.log.info("tokenizer loaded", model=str(files.source), vocab_size=self.codec.vocab_size,
                       seconds=round(time.monotonic() - started, 2))
         bus = self.connected_bus
-        await bus.serve(self.subjects.tokenizer_encode, wire.EncodeRequest, self.on_encode,
-                        queue=TOKENIZER_QUEUE)
-        await bus.serve(self.subjects.tokenizer_detokenize, wire.DetokenizeRequest,
-                        self.on_detokenize, queue=TOKENIZER_QUEUE)
+        self._new_work = [
+            await bus.serve(self.subjects.tokenizer_encode, wire.EncodeRequest, self.on_encode,
+                            queue=TOKENIZER_QUEUE),
+            await bus.serve(self.subjects.tokenizer_detokenize, wire.DetokenizeRequest,
+                            self.on_detokenize, queue=TOKENIZER_QUEUE)]
         await bus.subscribe(self.subjects.tokenizer_deltas(self.instance_id),
                             wire.RequestDeltaBatch, self.on_deltas)
         await bus.subscribe(self.subjects.tokenizer_release(self.instance_id),
@@ -55,6 +58,16 @@ class TokenizerService(Service):
         await bus.subscribe(self.subjects.heartbeat, wire.Heartbeat, self.on_heartbeat)
         asyncio.create_task(self._expire_states_loop())
         asyncio.create_task(self._drop_orphans_loop())
+
+    async def drain(self) -> None:
+        """Leaves new prompts to the other tokenizers and keeps detokenizing the requests
+        it holds until they end (past --drain-timeout-s, gateways move what is left)."""
+        for subscription in self._new_work:
+            await subscription.unsubscribe()
+        if self.states:
+            self.log.info("finishing the requests held here", count=len(self.states))
+        while self.states:
+            await asyncio.sleep(0.05)
 
     def readiness(self) -> tuple[bool, str]:
         return (True, "") if self.codec is not None else (False, "loading tokenizer")
@@ -122,6 +135,7 @@ class TokenizerService(Service):
         tokens = unpack_int32(batch.new_token_ids)
         reasons = unpack_uint8(batch.finish_reasons).tolist()
         cached = unpack_int32(batch.num_cached_tokens).tolist()
+        positions = unpack_int32(batch.output_positions).tolist()
         finished = {info.request_id: info for info in batch.finished}
         logprobs = defaultdict(list)
         for entry in batch.logprobs:
@@ -143,6 +157,15 @@ class TokenizerService(Service):
                 continue
             if cached:
                 state.num_cached_tokens = cached[i]
+            position = state.num_output_tokens
+            if positions and counts[i] and state.stream_position(positions[i]) != position:
+                # A batch was lost in flight: tell the gateway where the stream broke (it
+                # moves the request, continuing from the text it has) and stop it here.
+                outputs.add(state.gateway_id, request_id, "", (), None,
+                            state.stream_position(positions[i]))
+                del self.states[request_id]
+                orphans.append(request_id)
+                continue
             text, consumed, stop = state.process(self.codec, new_tokens)
             finish: wire.FinishInfo | None = None
             if stop is not None:
@@ -157,7 +180,7 @@ class TokenizerService(Service):
             for entry in logprobs.get(request_id, ()):
                 outputs.add_logprobs(state.gateway_id, self._name_tokens(entry, consumed))
             outputs.add(state.gateway_id, request_id, text, new_tokens[:consumed].tolist(),
-                        finish)
+                        finish, position)
             if finish is not None:
                 del self.states[request_id]
         if stopped_by_string:

@@ -148,13 +148,28 @@ def test_tokenizer_killed_mid_generation(fault_mesh: Mesh, reference: list[str])
            engines_idle_after_s=idle_after)
 
 
-# NOTE: a known bug (issue 8): a per-step batch of tokens lost while NATS restarts leaves a
-# hole in a stream (seen once in four runs: one token missing, then the continuation
-# diverges). The fix is a per-request output position in RequestDeltaBatch and
-# TextOutputBatch, so a gap is detected and the request moved from its last contiguous
-# token. Until then this test may fail; it runs and reports every time.
-@pytest.mark.xfail(strict=False, reason="a token batch lost in a NATS restart leaves a hole "
-                   "in the stream (issue 8, open)")
+def test_tokenizer_stopped_with_sigterm_finishes_its_streams_first(
+        fault_mesh: Mesh, reference: list[str]) -> None:
+    moved = gateway_metric(fault_mesh, "llm_mesh:request_migrations_total", outcome="moved")
+    streams = StreamSet(fault_mesh.base_url, bodies())
+    streams.wait_for_chunks(3)
+    stopped = time.monotonic()
+    # Blocks until the tokenizer exits: it drains first (streams still running here).
+    assert fault_mesh.services["tokenizer"].stop(signal.SIGTERM) == 0
+    exited = time.monotonic()
+    results = streams.finish(RECOVERY_BOUND_S)
+    assert [r.outcome() for r in results] == ["completed (length)"] * len(results)
+    assert [r.text for r in results] == reference
+    # Drained, not moved: every stream ended on that tokenizer, before it exited.
+    assert max(r.ended for r in results) <= exited
+    assert gateway_metric(fault_mesh, "llm_mesh:request_migrations_total",
+                          outcome="moved") == moved
+    fault_mesh.services["tokenizer"].start({**os.environ, "PYTHONUNBUFFERED": "1"})
+    rejoined = wait_whole(fault_mesh)
+    record("tokenizer SIGTERM mid-generation", client_saw="streams completed on it (drain)",
+           stopped_after_s=time.monotonic() - stopped, rejoined_after_s=rejoined)
+
+
 def test_nats_restart_mid_generation(fault_mesh: Mesh, reference: list[str]) -> None:
     before = pids(fault_mesh)
     streams = StreamSet(fault_mesh.base_url, bodies())

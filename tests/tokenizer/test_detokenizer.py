@@ -54,3 +54,15 @@ def test_chat_template_renders_the_generation_prompt(codec: TextCodec) -> None:
     assert text.endswith("<|im_start|>assistant\n") and "Hi" in text
     with pytest.raises(InvalidPrompt):
         codec.render_chat([], add_generation_prompt=True)
+
+
+def test_a_resumed_request_places_engine_positions_after_the_streamed_tokens(
+        codec: TextCodec) -> None:
+    streamed = codec.encode("Once upon a time", add_special_tokens=False)
+    detok = RequestDetokenizer("r.m1", wire.DetokenizeParams(skip_special_tokens=True), 3)
+    detok.resume(codec, streamed, num_chars=len("Once upon a time"))
+    # The continuation's engine counts its outputs from 0.
+    assert detok.stream_position(0) == detok.num_output_tokens == len(streamed)
+    detok.process(codec, codec.encode(" there", add_special_tokens=False))
+    assert detok.stream_position(1) == detok.num_output_tokens
+    assert detok.stream_position(3) > detok.num_output_tokens     # a batch went missing

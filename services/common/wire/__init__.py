@@ -137,6 +137,11 @@ class FinishInfo(betterproto.Message):
     detokenize_time_s: float = betterproto.double_field(12)
     engine_id: str = betterproto.string_field(13)
     num_preemptions: int = betterproto.int32_field(14)
+    movable: bool = betterproto.bool_field(15)
+    """
+    With an error: the engine gave the request up through no fault of the request (its
+     worker never returned), so the gateway continues it on another engine instead.
+    """
 
 
 @dataclass(eq=False, repr=False)
@@ -197,6 +202,11 @@ class RequestDeltaBatch(betterproto.Message):
     finished: List["FinishInfo"] = betterproto.message_field(7)
     logprobs: List["RequestLogprobs"] = betterproto.message_field(8)
     num_cached_tokens: bytes = betterproto.bytes_field(9)
+    output_positions: bytes = betterproto.bytes_field(10)
+    """
+    Packed int32: output tokens this engine sent the request before this step's, so a
+     receiver notices a batch lost in flight (a NATS restart) instead of leaving a hole.
+    """
 
 
 @dataclass(eq=False, repr=False)
@@ -519,6 +529,12 @@ class TextOutputBatch(betterproto.Message):
     """
     The tokens behind each request's text (num_new_tokens each), packed int32,
      concatenated: the gateway keeps them so it can continue a request elsewhere.
+    """
+
+    output_positions: bytes = betterproto.bytes_field(8)
+    """
+    Packed int32: the request's output tokens before this entry's, counted across moves;
+     the gateway moves a request whose entry does not start where its stream ends.
     """
 
 
