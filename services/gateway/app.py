@@ -32,8 +32,7 @@ _OPEN_PATHS = {"/health", "/ready", "/version", "/metrics"}
 def create_app(ctx: GatewayContext, registry: CollectorRegistry) -> FastAPI:
     app = FastAPI(title="LLM Mesh", version=VERSION, docs_url=None, redoc_url=None)
     settings = ctx.settings
-    api_keys = ApiKeys(settings.api_key, settings.rate_limit_tokens_per_minute,
-                       settings.rate_limit_burst_tokens)
+    api_keys = ApiKeys.from_settings(settings)
 
     @app.middleware("http")
     async def authenticate(request: Request, call_next: Any) -> Response:

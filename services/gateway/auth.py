@@ -9,7 +9,9 @@ compared with every key in constant time. Each key is a tenant:
   prefix). The same key gives the same salt on every gateway replica.
 - **token bucket** (--rate-limit-tokens-per-minute): see rate_limit.py.
 - **key id**: a short hash of the key, the only form of it that appears in logs (the
-  `api_key` field of the gateway's `request finished` line).
+  `api_key` field of the gateway's `request finished` line), and the owner recorded on the
+  tenant's batch files and batches; a batch runner maps it back to the tenant to run the
+  batch's lines as that tenant.
 
 With no key configured the API is open and every request is one anonymous tenant: no salt
 is added (client salts pass through), and the rate limit, if set, is shared.
@@ -25,6 +27,7 @@ from starlette.requests import Request
 
 from services.gateway.errors import ApiError
 from services.gateway.rate_limit import TokenBucket
+from services.gateway.settings import TenantSettings
 
 _SALT_MESSAGE = b"llm-mesh prefix-cache salt"
 
@@ -72,6 +75,12 @@ class ApiKeys:
         self._tenants = [(key.encode(), Tenant(key_id(key), tenant_salt(key), bucket()))
                          for key in keys]
         self._anonymous = None if keys else Tenant("", "", bucket())   # no key: no id
+        self._by_key_id = {tenant.key_id: tenant for _, tenant in self._tenants}
+
+    @classmethod
+    def from_settings(cls, settings: TenantSettings) -> ApiKeys:
+        return cls(settings.api_key, settings.rate_limit_tokens_per_minute,
+                   settings.rate_limit_burst_tokens)
 
     @property
     def required(self) -> bool:
@@ -88,6 +97,14 @@ class ApiKeys:
             if hmac.compare_digest(token, key):
                 found = tenant
         return found
+
+    def by_key_id(self, key_id: str) -> Tenant | None:
+        """The tenant whose key has this id (with no key configured: the anonymous tenant,
+        id ""); None when no configured key has it. Key ids are hashes, not secrets: no
+        constant-time compare needed."""
+        if self._anonymous is not None:
+            return self._anonymous if key_id == "" else None
+        return self._by_key_id.get(key_id)
 
 
 def tenant_of(request: Request) -> Tenant | None:

@@ -2,6 +2,11 @@
 JetStream (services/gateway/batch/job_store.py). The gateway stores files, records batches
 and queues their jobs; batch runners do the work and keep the records current.
 
+Every file and batch belongs to the API key that created it (its key id is the record's
+`owner`): a caller sees only its own, and another tenant's id answers the same 404 as a
+missing one, so ids never reveal what other tenants have. A batch's output and error files
+belong to the batch's owner.
+
 The batch plane gets its own NATS connection, opened on first use: it is a storage plane
 apart from the request path, and a gateway that never sees a batch never touches JetStream.
 """
@@ -20,6 +25,7 @@ from starlette.datastructures import UploadFile
 
 from services.common.bus import Bus, BusError
 from services.common.subjects import Subjects
+from services.gateway.auth import tenant_of
 from services.gateway.batch.job_store import BatchStore
 from services.gateway.batch.records import (BATCH_ENDPOINTS, COMPLETION_WINDOWS, BatchJob,
                                             BatchRecord, FileRecord, new_batch_id, new_file_id)
@@ -85,30 +91,33 @@ def files_batches_router(ctx: GatewayContext) -> APIRouter:
             if upload.size is not None and upload.size > MAX_FILE_BYTES:
                 raise ApiError(413, f"files are limited to {MAX_FILE_BYTES} bytes")
             record = FileRecord(id=new_file_id(), filename=upload.filename or "input.jsonl",
-                                purpose=purpose)
+                                purpose=purpose, owner=_owner(request))
             saved = await (await plane.store()).put_file(record, upload.file)
-        return saved.model_dump()
+        return saved.api_object()
 
     @router.get("/v1/files")
-    async def list_files(purpose: str | None = None) -> dict[str, Any]:
-        files = await (await plane.store()).list_files()
-        files = [f for f in files if purpose is None or f.purpose == purpose]
+    async def list_files(request: Request, purpose: str | None = None) -> dict[str, Any]:
+        owner = _owner(request)
+        files = [f for f in await (await plane.store()).list_files()
+                 if f.owner == owner and (purpose is None or f.purpose == purpose)]
         files.sort(key=lambda f: (f.created_at, f.id), reverse=True)
-        return _page([f.model_dump() for f in files], has_more=False)
+        return _page([f.api_object() for f in files], has_more=False)
 
     @router.get("/v1/files/{file_id}")
-    async def retrieve_file(file_id: str) -> dict[str, Any]:
-        return (await _file(plane, file_id)).model_dump()
+    async def retrieve_file(request: Request, file_id: str) -> dict[str, Any]:
+        return (await _file(plane, request, file_id)).api_object()
 
     @router.get("/v1/files/{file_id}/content")
-    async def file_content(file_id: str) -> Response:
+    async def file_content(request: Request, file_id: str) -> Response:
+        await _file(plane, request, file_id)
         data = await (await plane.store()).file_content(file_id)
-        if data is None:
+        if data is None:  # deleted since
             raise _not_found("file", file_id)
         return Response(data, media_type="application/jsonl")
 
     @router.delete("/v1/files/{file_id}")
-    async def delete_file(file_id: str) -> dict[str, Any]:
+    async def delete_file(request: Request, file_id: str) -> dict[str, Any]:
+        await _file(plane, request, file_id)
         if not await (await plane.store()).delete_file(file_id):
             raise _not_found("file", file_id)
         return {"id": file_id, "object": "file", "deleted": True}
@@ -124,39 +133,42 @@ def files_batches_router(ctx: GatewayContext) -> APIRouter:
         if body.completion_window not in COMPLETION_WINDOWS:
             raise invalid(f"completion_window must be one of {', '.join(COMPLETION_WINDOWS)}",
                           param="completion_window")
-        file = await _file(plane, body.input_file_id, param="input_file_id")
+        file = await _file(plane, request, body.input_file_id, param="input_file_id")
         if file.purpose != "batch":
             raise invalid(f"file {file.id} was not uploaded with purpose `batch`",
                           param="input_file_id")
         store = await plane.store()
         job = BatchJob(batch_id=new_batch_id(), input_file_id=file.id, endpoint=body.endpoint,
-                       completion_window=body.completion_window, metadata=body.metadata)
+                       completion_window=body.completion_window, metadata=body.metadata,
+                       owner=_owner(request))
         # Queued first: a record never exists without its job (a runner creates the same
         # record from the job if it gets there first).
         await store.submit(job)
-        return (await store.create_record(BatchRecord.from_job(job))).model_dump()
+        return (await store.create_record(BatchRecord.from_job(job))).api_object()
 
     @router.get("/v1/batches/{batch_id}")
-    async def retrieve_batch(batch_id: str) -> dict[str, Any]:
-        return (await _batch(plane, batch_id)).model_dump()
+    async def retrieve_batch(request: Request, batch_id: str) -> dict[str, Any]:
+        return (await _batch(plane, request, batch_id)).api_object()
 
     @router.get("/v1/batches")
-    async def list_batches(after: str | None = None, limit: int = 20) -> dict[str, Any]:
+    async def list_batches(request: Request, after: str | None = None,
+                           limit: int = 20) -> dict[str, Any]:
         if not 1 <= limit <= 100:
             raise invalid("limit must be between 1 and 100", param="limit")
-        records = await (await plane.store()).list_records()
+        owner = _owner(request)
+        records = [r for r in await (await plane.store()).list_records() if r.owner == owner]
         records.sort(key=lambda r: (r.created_at, r.id), reverse=True)
         if after is not None:
             ids = [r.id for r in records]
             records = records[ids.index(after) + 1:] if after in ids else []
-        return _page([r.model_dump() for r in records[:limit]],
+        return _page([r.api_object() for r in records[:limit]],
                      has_more=len(records) > limit)
 
     @router.post("/v1/batches/{batch_id}/cancel")
-    async def cancel_batch(batch_id: str) -> dict[str, Any]:
-        record = await _batch(plane, batch_id)
+    async def cancel_batch(request: Request, batch_id: str) -> dict[str, Any]:
+        record = await _batch(plane, request, batch_id)
         if record.status in ("cancelling", "cancelled"):
-            return record.model_dump()
+            return record.api_object()
         if record.status not in CANCELLABLE:
             raise invalid(f"a batch with status {record.status} cannot be cancelled")
 
@@ -165,21 +177,30 @@ def files_batches_router(ctx: GatewayContext) -> APIRouter:
                 latest.status = "cancelling"
                 latest.cancelling_at = int(time.time())
 
-        return (await (await plane.store()).update_record(batch_id, cancel)).model_dump()
+        return (await (await plane.store()).update_record(batch_id, cancel)).api_object()
 
     return router
 
 
-async def _file(plane: BatchPlane, file_id: str, param: str | None = None) -> FileRecord:
+def _owner(request: Request) -> str:
+    """The caller's key id: the owner its files and batches get, and the only one it sees."""
+    tenant = tenant_of(request)
+    return tenant.key_id if tenant is not None else ""
+
+
+async def _file(plane: BatchPlane, request: Request, file_id: str,
+                param: str | None = None) -> FileRecord:
+    """The caller's file; 404 for one that is missing or another tenant's alike."""
     record = await (await plane.store()).file_record(file_id)
-    if record is None:
+    if record is None or record.owner != _owner(request):
         raise _not_found("file", file_id, param)
     return record
 
 
-async def _batch(plane: BatchPlane, batch_id: str) -> BatchRecord:
+async def _batch(plane: BatchPlane, request: Request, batch_id: str) -> BatchRecord:
+    """The caller's batch; 404 for one that is missing or another tenant's alike."""
     record = await (await plane.store()).record(batch_id)
-    if record is None:
+    if record is None or record.owner != _owner(request):
         raise _not_found("batch", batch_id)
     return record
 

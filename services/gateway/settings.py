@@ -8,9 +8,9 @@ from services.common.settings import CommonSettings, setting
 
 
 @dataclass
-class GatewaySettings(CommonSettings):
-    host: str = setting("127.0.0.1", "HTTP bind address of the OpenAI-compatible API")
-    port: int = setting(8000, "HTTP port of the OpenAI-compatible API")
+class TenantSettings:
+    """The API keys and their limits: the gateway's, and the batch runner's (which runs each
+    batch's lines as the key that created it), so both must get the same values."""
     api_key: list[str] = setting([], "Accepted API keys (repeat the flag for several; none: "
                                  "no auth)", secret=True)
     rate_limit_tokens_per_minute: int = setting(
@@ -19,6 +19,12 @@ class GatewaySettings(CommonSettings):
     rate_limit_burst_tokens: int = setting(
         0, "Per API key: the token bucket's size, the most one burst may use (0: one "
         "minute's worth)")
+
+
+@dataclass
+class GatewaySettings(TenantSettings, CommonSettings):
+    host: str = setting("127.0.0.1", "HTTP bind address of the OpenAI-compatible API")
+    port: int = setting(8000, "HTTP port of the OpenAI-compatible API")
     migration_timeout_s: float = setting(
         30.0, "How long a request whose engine or tokenizer was lost may look for live ones "
         "to continue on, before it fails with a retriable 503")

@@ -1,6 +1,7 @@
 """A batch line through the gateway's own handlers, against a fake mesh: it is submitted at
 the batch priority and without streaming, bad bodies get the gateway's 400 at once, and
-what the mesh may recover from is retried."""
+what the mesh may recover from is retried; a line runs as its batch owner's tenant (its
+salt, its token bucket)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from services.common import wire
 from services.common.metrics import GatewayMetrics
 from services.common.packing import pack_int32
+from services.gateway.auth import ApiKeys
 from services.gateway.batch.line_executor import LineExecutor
 from services.gateway.context import GatewayContext
 from services.gateway.errors import unavailable
@@ -74,7 +76,7 @@ def never() -> bool:
 
 async def test_a_line_runs_at_the_batch_priority_without_streaming() -> None:
     client = FakeMeshClient()
-    outcome = await executor(client).run(CHAT, chat(priority=0, stream=True), never)
+    outcome = await executor(client).run(CHAT, chat(priority=0, stream=True), None, never)
     assert outcome is not None and outcome.status_code == 200
     assert outcome.body["object"] == "chat.completion"
     assert outcome.body["choices"][0]["message"]["content"] == "hi"
@@ -84,20 +86,50 @@ async def test_a_line_runs_at_the_batch_priority_without_streaming() -> None:
 
 async def test_a_bad_body_gets_the_gateways_400_without_retrying() -> None:
     client = FakeMeshClient()
-    outcome = await executor(client).run(CHAT, {"model": "m"}, never)
+    outcome = await executor(client).run(CHAT, {"model": "m"}, None, never)
     assert outcome is not None and outcome.status_code == 400
     assert outcome.body["error"]["param"] == "messages" and client.submitted == []
 
 
 async def test_a_full_queue_is_retried_until_the_engine_takes_the_line() -> None:
     client = FakeMeshClient(refusals=2)
-    outcome = await executor(client).run(CHAT, chat(), never)
+    outcome = await executor(client).run(CHAT, chat(), None, never)
     assert outcome is not None and outcome.status_code == 200 and len(client.submitted) == 1
 
 
 async def test_retries_end_with_the_last_error_or_when_told_to_stop() -> None:
     gave_up = await executor(FakeMeshClient(refusals=100), retry_for_s=0.5).run(
-        CHAT, chat(), never)
+        CHAT, chat(), None, never)
     assert gave_up is not None and gave_up.status_code == 503
-    stopped = await executor(FakeMeshClient(refusals=100)).run(CHAT, chat(), lambda: True)
+    stopped = await executor(FakeMeshClient(refusals=100)).run(CHAT, chat(), None,
+                                                               lambda: True)
     assert stopped is None
+
+
+async def test_a_line_carries_its_tenants_cache_salt_in_front_of_the_clients() -> None:
+    keys = ApiKeys(["alpha-key", "beta-key"])
+    alpha, beta = keys.identify("Bearer alpha-key"), keys.identify("Bearer beta-key")
+    assert alpha is not None and beta is not None
+    client = FakeMeshClient()
+    for tenant in (alpha, beta, None):
+        outcome = await executor(client).run(CHAT, chat(cache_salt="mine"), tenant, never)
+        assert outcome is not None and outcome.status_code == 200
+    assert [r.cache_salt for r in client.submitted] == [
+        alpha.cache_salt("mine"), beta.cache_salt("mine"), "mine"]
+    assert len({r.cache_salt for r in client.submitted}) == 3
+
+
+async def test_a_line_over_its_keys_rate_limit_waits_for_the_bucket() -> None:
+    # The bucket holds one line (a 3-token prompt + max_tokens 10) and refills it in 0.3 s:
+    # the second line gets 429 first, is retried, and runs.
+    tenant = ApiKeys(["k"], tokens_per_minute=2600, burst_tokens=13).identify("Bearer k")
+    assert tenant is not None
+    client = FakeMeshClient()
+    lines = executor(client)
+    outcomes = await asyncio.gather(*(lines.run(CHAT, chat(max_tokens=10), tenant, never)
+                                      for _ in range(2)))
+    assert [o and o.status_code for o in outcomes] == [200, 200] and len(client.submitted) == 2
+    gave_up = await executor(client, retry_for_s=0.2).run(CHAT, chat(max_tokens=10), tenant,
+                                                          never)
+    assert gave_up is not None and gave_up.status_code == 429
+    assert gave_up.body["error"]["code"] == "rate_limit_exceeded"

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from services.gateway.auth import ApiKeys
+from services.gateway.auth import ApiKeys, key_id
 from services.gateway.errors import ApiError
 from services.gateway.rate_limit import TokenBucket
 
@@ -40,6 +40,19 @@ def test_without_keys_the_api_is_open_and_client_salts_pass_through() -> None:
     assert not keys.required and tenant is not None
     assert tenant.cache_salt("mine") == "mine" and tenant.cache_salt("") == ""
     tenant.charge(10**9)   # no limit configured
+
+
+def test_a_tenant_is_found_by_its_key_id_as_by_its_key() -> None:
+    keys = ApiKeys(["alpha-key", "beta-key"])
+    alpha = keys.identify("Bearer alpha-key")
+    assert alpha is not None and keys.by_key_id(alpha.key_id) is alpha
+    assert alpha.key_id == key_id("alpha-key")
+    # Not a configured key's id, nor the open API's "" (the batch runner relies on both).
+    for other in (key_id("revoked-key"), "", "alpha-key"):
+        assert keys.by_key_id(other) is None, other
+    open_api = ApiKeys([])
+    assert open_api.by_key_id("") is open_api.identify("")
+    assert open_api.by_key_id(alpha.key_id) is None
 
 
 def test_an_empty_bucket_answers_429_with_retry_after_and_a_huge_request_400() -> None:

@@ -4,6 +4,10 @@ A job may have run before (its runner was killed, or drained): the results alrea
 are its progress, and only lines without one run now. Every line's result is stored with
 create-if-absent before it counts, so a line is in the output exactly once however often the
 job is redelivered. Cancelling stops new lines; lines in flight finish and are kept.
+
+Lines run as the batch's owner (the tenant of the API key that created it: its prefix-cache
+salt and token bucket), and the output and error files belong to that owner. A batch whose
+owner is not a key this runner accepts fails rather than running unsalted and unlimited.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from services.gateway.auth import ApiKeys, Tenant
 from services.gateway.batch.input_file import (BatchLine, MalformedLine, error_entry,
                                                is_success, parse_input, response_entry)
 from services.gateway.batch.job_store import BatchStore
@@ -54,11 +59,12 @@ class Progress:
 
 
 class JobRunner:
-    def __init__(self, store: BatchStore, executor: LineExecutor,
-                 max_concurrent_lines: int) -> None:
+    def __init__(self, store: BatchStore, executor: LineExecutor, max_concurrent_lines: int,
+                 api_keys: ApiKeys) -> None:
         self._store = store
         self._executor = executor
         self._max_concurrent_lines = max_concurrent_lines
+        self._api_keys = api_keys
 
     async def run(self, job: BatchJob, stop: asyncio.Event) -> bool:
         """Runs the job; True once it reached a final status, False when `stop` (drain)
@@ -66,15 +72,22 @@ class JobRunner:
         record = await self._store.create_record(BatchRecord.from_job(job))
         if record.is_terminal:
             return True
+        # NOTE: "" (no owner) in a mesh with keys is a job sent over NATS without one: it
+        # runs with no tenant, as NATS users are trusted with the whole mesh anyway.
+        tenant = self._api_keys.by_key_id(record.owner)
+        if tenant is None and record.owner:
+            await self._fail(record, "invalid_api_key", "the API key that created this batch "
+                             "is not accepted by the batch runner (revoked, or the runner "
+                             "lacks the gateway's --api-key)")
+            return True
         lines = await self._load_lines(record)
         if lines is None:
             return True
-        return await _JobRun(self._store, self._executor, record, lines, stop).run(
+        return await _JobRun(self._store, self._executor, record, tenant, lines, stop).run(
             self._max_concurrent_lines)
 
     async def _load_lines(self, record: BatchRecord) -> list[BatchLine | MalformedLine] | None:
         """The job's lines, or None after failing the job for a bad input file or endpoint."""
-        problem = None
         data = await self._store.file_content(record.input_file_id)
         if record.endpoint not in BATCH_ENDPOINTS:
             problem = ("invalid_endpoint", f"endpoint {record.endpoint} is not supported; use "
@@ -85,9 +98,12 @@ class JobRunner:
             problem = ("empty_file", f"input file {record.input_file_id} has no requests")
         else:
             return lines
-        await self._store.update_record(record.id, lambda r: r.fail(*problem))
-        log.warning("batch failed", batch_id=record.id, reason=problem[1])
+        await self._fail(record, *problem)
         return None
+
+    async def _fail(self, record: BatchRecord, code: str, message: str) -> None:
+        await self._store.update_record(record.id, lambda r: r.fail(code, message))
+        log.warning("batch failed", batch_id=record.id, reason=message)
 
 
 class _JobRun:
@@ -95,11 +111,14 @@ class _JobRun:
     finalize once every line has a result (or the job was cancelled)."""
 
     def __init__(self, store: BatchStore, executor: LineExecutor, record: BatchRecord,
-                 lines: list[BatchLine | MalformedLine], stop: asyncio.Event) -> None:
+                 tenant: Tenant | None, lines: list[BatchLine | MalformedLine],
+                 stop: asyncio.Event) -> None:
         self.store = store
         self.executor = executor
         self.batch_id = record.id
         self.endpoint = record.endpoint
+        self.owner = record.owner
+        self.tenant = tenant
         self.lines = lines
         self.stop = stop
         self.is_cancelled = record.status == "cancelling"
@@ -147,7 +166,8 @@ class _JobRun:
     async def _work(self, queue: asyncio.Queue[BatchLine]) -> None:
         while not self.should_stop() and not queue.empty():
             line = queue.get_nowait()
-            outcome = await self.executor.run(self.endpoint, line.body, self.should_stop)
+            outcome = await self.executor.run(self.endpoint, line.body, self.tenant,
+                                              self.should_stop)
             if outcome is not None:
                 await self._save(line.key, _entry(line, outcome))
 
@@ -205,7 +225,7 @@ class _JobRun:
             return None
         data = b"\n".join(entries) + b"\n"
         await self.store.put_file(FileRecord(id=file_id, filename=f"{file_id}.jsonl",
-                                             purpose="batch_output"), data)
+                                             purpose="batch_output", owner=self.owner), data)
         return file_id
 
 

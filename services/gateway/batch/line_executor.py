@@ -3,8 +3,11 @@
 The line's body goes through the very handler an HTTP request reaches (validation, prompt
 encoding, engine choice, sampling parameters, response assembly), so a batch line answers
 exactly what the same body POSTed to the gateway answers — only at the batch's priority.
-Failures the mesh may recover from (no engine ready, queue full, an engine or tokenizer
-lost mid-request) are retried with backoff; the rest become the line's error response.
+It runs as the batch owner's tenant, as that key's own request would: the tenant's
+prefix-cache salt, and its token bucket pays for the line.
+Failures the mesh may recover from (no engine ready, queue full, the key's rate limit, an
+engine or tokenizer lost mid-request) are retried with backoff; the rest become the line's
+error response.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import structlog
 from fastapi import Request
 from pydantic import ValidationError
 
+from services.gateway.auth import Tenant
 from services.gateway.chat import ChatCompletion
 from services.gateway.completions import Completion
 from services.gateway.context import GatewayContext
@@ -51,15 +55,16 @@ class LineExecutor:
         self._priority = priority
         self._retry_for_s = retry_for_s
 
-    async def run(self, endpoint: str, body: dict[str, Any],
+    async def run(self, endpoint: str, body: dict[str, Any], tenant: Tenant | None,
                   should_stop: Callable[[], bool]) -> LineOutcome | None:
-        """The line's response; None when `should_stop` turned true while it waited to retry
-        (the line then has no result and runs again later)."""
+        """The line's response, run as `tenant` (None: no tenant, as a request that did not
+        come through the gateway's auth); None when `should_stop` turned true while it waited
+        to retry (the line then has no result and runs again later)."""
         deadline = time.monotonic() + self._retry_for_s
         backoff = FIRST_BACKOFF_S
         while True:
             try:
-                return await self._run_once(endpoint, body)
+                return await self._run_once(endpoint, body, tenant)
             except ApiError as exc:
                 error = exc
             except Exception as exc:  # noqa: BLE001 - NATS trouble; the line is retried
@@ -72,7 +77,8 @@ class LineExecutor:
             if should_stop():
                 return None
 
-    async def _run_once(self, endpoint: str, body: dict[str, Any]) -> LineOutcome:
+    async def _run_once(self, endpoint: str, body: dict[str, Any],
+                        tenant: Tenant | None) -> LineOutcome:
         request_type, handler_type = HANDLERS[endpoint]
         try:
             request = request_type.model_validate(body)
@@ -85,16 +91,18 @@ class LineExecutor:
         request.stream = False  # a batch line's response is one JSON object
         request.stream_options = None
         handler = handler_type(request, self._ctx)  # type: ignore[arg-type]
-        response = await handler.respond(_detached_request(endpoint))
+        response = await handler.respond(_detached_request(endpoint, tenant))
         return LineOutcome(response.status_code, handler.run.request_id,
                            json.loads(bytes(response.body)))
 
 
-def _detached_request(path: str) -> Request:
+def _detached_request(path: str, tenant: Tenant | None) -> Request:
     """An HTTP request with no client behind it: it never disconnects, so the handler
-    always runs to its response."""
+    always runs to its response. Its state holds the tenant where the auth middleware puts
+    an HTTP request's (auth.tenant_of reads it)."""
     async def receive() -> dict[str, Any]:
         await asyncio.Event().wait()
         raise AssertionError("unreachable")
 
-    return Request({"type": "http", "method": "POST", "path": path, "headers": []}, receive)
+    return Request({"type": "http", "method": "POST", "path": path, "headers": [],
+                    "state": {"tenant": tenant}}, receive)

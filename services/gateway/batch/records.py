@@ -4,13 +4,15 @@ record (OpenAI `Batch`) and the file record (OpenAI `FileObject`).
 They are JSON, not protobuf: none of them is on a hot path, HTTP clients and NATS users read
 the very same documents, and JSON keeps them readable with the `nats` CLI (`nats kv get`,
 `nats pub`). Pydantic types them on both ends.
+
+Each names its owner: the id of the API key that created it (services/gateway/auth.py).
 """
 
 from __future__ import annotations
 
 import secrets
 import time
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -51,7 +53,17 @@ class Document(BaseModel):
         return cls.model_validate_json(data)
 
 
-class BatchJob(Document):
+class Owned(Document):
+    """A tenant's document. `owner` is its API key's id; "" with no key configured (the open
+    API) or for a job sent over NATS without one. The stored JSON keeps it; the HTTP API's
+    objects leave it out, as OpenAI's do."""
+    owner: str = ""
+
+    def api_object(self) -> dict[str, Any]:
+        return self.model_dump(exclude={"owner"})
+
+
+class BatchJob(Owned):
     """The message on the jobs stream: everything a runner needs to create the record."""
     batch_id: str = Field(pattern=BATCH_ID_PATTERN)
     input_file_id: str
@@ -95,7 +107,7 @@ class BatchErrors(BaseModel):
     data: list[BatchError] = Field(default_factory=list)
 
 
-class BatchRecord(Document):
+class BatchRecord(Owned):
     """OpenAI's Batch object, as /v1/batches returns it and the KV bucket holds it."""
     id: str
     object: Literal["batch"] = "batch"
@@ -125,7 +137,7 @@ class BatchRecord(Document):
         return cls(id=job.batch_id, endpoint=job.endpoint, input_file_id=job.input_file_id,
                    completion_window=job.completion_window, created_at=job.created_at,
                    expires_at=job.created_at + window_s if window_s else None,
-                   metadata=job.metadata)
+                   metadata=job.metadata, owner=job.owner)
 
     @property
     def is_terminal(self) -> bool:
@@ -137,7 +149,7 @@ class BatchRecord(Document):
         self.errors = BatchErrors(data=[BatchError(code=code, message=message)])
 
 
-class FileRecord(Document):
+class FileRecord(Owned):
     """OpenAI's FileObject; kept as the description of its object in the Object Store."""
     id: str
     object: Literal["file"] = "file"

@@ -3,7 +3,8 @@ consumer shared by every runner) and runs it, reporting progress to JetStream so
 stays with this runner; a runner that dies stops reporting, and the job is redelivered.
 
 It is a client of the mesh like the gateway, in process: its own MeshClient (tokenizers send
-its lines' text to its instance id) and its own MeshView built from heartbeats.
+its lines' text to its instance id) and its own MeshView built from heartbeats. It is given
+the gateway's API keys (--api-key, rate limits) to run each batch as the key that created it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pydantic import ValidationError
 from services.common import wire
 from services.common.metrics import GatewayMetrics
 from services.common.service import Service
+from services.gateway.auth import ApiKeys
 from services.gateway.batch.job_runner import JobRunner
 from services.gateway.batch.job_store import BatchStore
 from services.gateway.batch.line_executor import LineExecutor
@@ -57,7 +59,8 @@ class BatchService(Service):
         store = await BatchStore.open(bus.client.jetstream(), self.subjects)
         ctx = GatewayContext(self._gateway_settings(), self.client, self.view, self.metrics)
         executor = LineExecutor(ctx, self.settings.batch_priority, self.settings.line_retry_s)
-        self.runner = JobRunner(store, executor, self.settings.max_concurrent_lines)
+        self.runner = JobRunner(store, executor, self.settings.max_concurrent_lines,
+                                ApiKeys.from_settings(self.settings))
         self._jobs = await store.job_subscription(self.settings.job_ack_wait_s)
         self._consuming = asyncio.create_task(self._consume())
 

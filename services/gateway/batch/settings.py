@@ -1,14 +1,16 @@
-"""The batch runner's settings."""
+"""The batch runner's settings: its own, and the gateway's API keys and rate limits (it runs
+each batch's lines as the key that created the batch)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from services.common.settings import CommonSettings, setting
+from services.gateway.settings import TenantSettings
 
 
 @dataclass
-class BatchSettings(CommonSettings):
+class BatchSettings(TenantSettings, CommonSettings):
     max_concurrent_lines: int = setting(
         32, "Most batch lines this runner keeps in the engines at once")
     batch_priority: int = setting(
