@@ -26,14 +26,13 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import structlog
 import torch
 
 from services.common import wire
-from services.common.model_files import resolve_model
+from services.common.model_files import ModelFiles, resolve_model
 from kernels import cpu_ops
 from services.common.packing import pack_int32
 from services.worker.model_runner import ModelRunner, RunnerConfig
@@ -155,27 +154,31 @@ def read_bandwidth_gbs() -> float:
                gbs(lambda: torch.nn.functional.linear(vector, weight), weight.numel() * 4))
 
 
-def bench_dtype(args: argparse.Namespace, model_dir: Path, dtype: str, kernels: str,
-                bandwidth: float) -> dict[str, float]:
-    """Median decode step (ms) per batch label, with the C++ kernels or the torch fallback."""
+def bench_dtype(args: argparse.Namespace, files: ModelFiles, dtype: str, kernels: str,
+                weights: str, bandwidth: float) -> dict[str, float]:
+    """Median decode step (ms) per batch label, with the C++ kernels or the torch fallback,
+    and with the GGUF's blocks for small fp32 batches or the dense weights only."""
     os.environ[cpu_ops.ENV_CPU_KERNELS] = "0" if kernels == "torch" else "1"
     started = time.perf_counter()
     longest = max([args.prompt_len] + [n for n, _ in args.mixed_contexts])
     runner = ModelRunner(RunnerConfig(
-        model_dir=model_dir, dtype=dtype, kv_cache_dtype=args.kv_cache_dtype,
+        model_dir=files.hf_dir, use_gguf_blocks=weights == "gguf", dtype=dtype, kv_cache_dtype=args.kv_cache_dtype,
         max_model_len=longest + args.decode_steps + 64,
         kv_cache_memory=int(args.kv_cache_gib * 2**30),
         max_num_seqs=max(args.batch_sizes + [sum(c for _, c in args.mixed_contexts)]),
         max_num_batched_tokens=args.max_num_batched_tokens,
         attention_backend=args.attention_backend, num_threads=args.num_threads))
     kv_tokens = (runner.info.num_blocks - 1) * runner.info.block_size
-    print(f"\n== {dtype}, {kernels} kernels ({type(runner.attn_backend).__name__}; kv cache "
+    print(f"\n== {dtype}, {kernels} kernels, {weights} weights "
+          f"({type(runner.attn_backend).__name__}; kv cache "
           f"{args.kv_cache_dtype}: {kv_tokens} tokens in {args.kv_cache_gib} GiB, "
           f"{runner.kv_spec.bytes_per_token} B/token; start-up "
-          f"{time.perf_counter() - started:.1f} s, weights {runner.model.num_bytes / 1e6:.0f} MB)")
+          f"{time.perf_counter() - started:.1f} s, weights {runner.model.num_bytes / 1e6:.0f} MB, "
+          f"read by a small batch {runner.model.small_batch_bytes / 1e6:.0f} MB)")
     timer = AttentionTimer(runner)
     driver = Driver(runner, args.prompt_len, args.decode_steps)
     bound_ms = runner.model.num_bytes / (bandwidth * 1e9) * 1e3
+    read_bound_ms = runner.model.small_batch_bytes / (bandwidth * 1e9) * 1e3
     cases = [(f"batch {b:3d}", [args.prompt_len] * b) for b in args.batch_sizes]
     if args.mixed_contexts:
         label = "+".join(f"{c}x{n}" for n, c in args.mixed_contexts)
@@ -192,6 +195,9 @@ def bench_dtype(args: argparse.Namespace, model_dir: Path, dtype: str, kernels: 
                 f"output {med['output']:.2f} ms")
         if num == 1:
             line += f" | bound {bound_ms:.1f} ms ({med['step'] / bound_ms:.2f}x)"
+            if read_bound_ms < bound_ms:
+                line += (f", of the bytes it reads {read_bound_ms:.1f} ms "
+                         f"({med['step'] / read_bound_ms:.2f}x)")
         print(line, flush=True)
     return step_ms
 
@@ -235,13 +241,16 @@ def main() -> None:
     parser.add_argument("--num-threads", type=int, default=None, help="default: all cores")
     parser.add_argument("--kernels", default="cpp",
                         help="cpp (C++ CPU kernels), torch (the fallback), or both: cpp,torch")
+    parser.add_argument("--weights", default="gguf",
+                        help="gguf (small fp32 batches read a GGUF model's blocks, as the "
+                             "worker does), dense, or both: gguf,dense")
     parser.add_argument("--mixed-contexts", default="", type=parse_contexts,
                         help="also a decode batch of unequal contexts, e.g. 160x15,2100x1")
     parser.add_argument("--background", default="none", choices=["none", *BACKGROUND_CODE],
                         help="a competing process during the run")
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
-    model_dir = resolve_model(args.model).hf_dir
+    files = resolve_model(args.model)
     torch.set_num_threads(args.num_threads or torch.get_num_threads())
     bandwidth = read_bandwidth_gbs()
     background = None
@@ -252,13 +261,18 @@ def main() -> None:
               f"background {args.background}, OMP_WAIT_POLICY="
               f"{os.environ.get('OMP_WAIT_POLICY', '-')} GOMP_SPINCOUNT="
               f"{os.environ.get('GOMP_SPINCOUNT', '-')}")
-        kernels = args.kernels.split(",")
+        kernels, weights = args.kernels.split(","), args.weights.split(",")
         for dtype in args.dtypes.split(","):
-            results = {k: bench_dtype(args, model_dir, dtype, k, bandwidth) for k in kernels}
-            if len(kernels) == 2:
-                base, other = (results[k] for k in kernels)
-                print(f"-- {dtype}: {kernels[1]} / {kernels[0]} step time: " + ", ".join(
-                    f"{label.strip()} {other[label] / base[label]:.2f}x" for label in base))
+            results = {(k, w): bench_dtype(args, files, dtype, k, w, bandwidth)
+                       for k in kernels for w in weights}
+            for name, pair in (("kernels", [(k, weights[0]) for k in kernels]),
+                               ("weights", [(kernels[0], w) for w in weights])):
+                if len(pair) == 2:
+                    base, other = results[pair[0]], results[pair[1]]
+                    print(f"-- {dtype}: {name} {' / '.join(p[name == 'weights'] for p in pair[::-1])}"
+                          f" step time: " + ", ".join(f"{label.strip()} "
+                                                      f"{other[label] / base[label]:.2f}x"
+                                                      for label in base))
     finally:
         if background is not None:
             background.kill()

@@ -6,7 +6,8 @@
 using namespace pybind11::literals;
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "LLM Mesh CPU kernels: paged attention, KV cache write, fused layer ops";
+  m.doc() = "LLM Mesh CPU kernels: paged attention, KV cache write, fused layer ops, "
+           "quantized linear";
   m.attr("vec_size") = mesh_cpu::vec_size();
   m.def("supports_head_dim", &mesh_cpu::supports_head_dim, "head_dim"_a,
         "Whether paged_attention has a kernel for this head size.");
@@ -33,4 +34,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "silu(gate_up[:, :I]) * gate_up[:, I:] as a new [T, I] tensor.");
   m.def("rotary_embedding", &mesh_cpu::rotary_embedding, "x"_a, "cos"_a, "sin"_a,
         "Neox rope in place on x [T, H, D] with cos / sin [T, D] (sin's first half negated).");
+  m.def("quant_linear_supported", &mesh_cpu::quant_linear_supported,
+        "Whether quant_linear has a kernel for this CPU (AVX2 or AVX-512).");
+  m.def("quant_linear", &mesh_cpu::quant_linear, "x"_a, "scales"_a, "mins"_a, "qs"_a,
+        "x [M, K] fp32 @ W^T for W [N, K] in GGUF blocks of 32: Q4_1 (scales, mins [N, K/32], "
+        "qs [N, K/2] nibbles) or Q8_0 (scales, empty mins, qs [N, K] int8 as uint8), expanded "
+        "to the dequantized fp32 values on the fly. Returns y [M, N] fp32.");
 }

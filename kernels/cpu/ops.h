@@ -33,4 +33,9 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up);
 
 void rotary_embedding(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
+bool quant_linear_supported();
+
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& scales, const at::Tensor& mins,
+                        const at::Tensor& qs);
+
 }  // namespace mesh_cpu

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import structlog
 
+from services.common.gguf_blocks import export_gguf_blocks
+
 log = structlog.get_logger(__name__)
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
@@ -86,7 +88,7 @@ def _converted_gguf_dir(gguf: Path) -> Path:
 
 
 # Bumped when the converted directory's contents change, so caches convert anew.
-_CONVERTED_FORMAT = 2
+_CONVERTED_FORMAT = 3
 
 
 def _convert_gguf(gguf: Path, target: Path) -> None:
@@ -111,4 +113,6 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     (target / "config.json").write_text(json.dumps(config, indent=2))
     model.generation_config.save_pretrained(target)
     tokenizer.save_pretrained(target)
+    export_gguf_blocks(gguf, target, model.config.num_attention_heads,
+                       model.config.num_key_value_heads)
     log.info("converted GGUF model", seconds=round(time.monotonic() - started, 1))

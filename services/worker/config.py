@@ -13,6 +13,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 @dataclass(frozen=True)
 class RunnerConfig:
     model_dir: Path                        # HF-style dir: config.json, *.safetensors, tokenizer
+    use_gguf_blocks: bool = True           # fp32 on CPU, a converted GGUF model: steps of a
+                                           # few rows read its blocks (models/quantized.py)
     dtype: str = "float32"                 # float32 | bfloat16 | float16
     kv_cache_dtype: str = "auto"           # auto (= dtype) | fp8 (e4m3: half the KV bytes)
     block_size: int = 16

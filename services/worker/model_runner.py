@@ -34,6 +34,7 @@ from services.worker.kv_cache import (
     num_blocks_for_budget,
 )
 from services.worker.models.config import ModelConfig
+from services.worker.models.quantized import BlockSource
 from services.worker.models.llama import LlamaForCausalLM
 from services.worker.models.weights import WeightSource
 from services.worker.sampler import Sampler
@@ -163,13 +164,23 @@ class ModelRunner:
         started = time.perf_counter()
         weights = WeightSource(self.config.model_dir, self.config.torch_dtype, self.device)
         model = LlamaForCausalLM(self.model_config, weights, self.attn_backend,
-                                 self.max_model_len)
+                                 self.max_model_len, self._gguf_blocks())
         log.info("model weights loaded", model=self.config.model_dir.name,
                  model_type=self.model_config.model_type, dtype=self.config.dtype,
                  device=str(self.device), attention_backend=self.attn_backend.name,
                  seconds=round(time.perf_counter() - started, 2), weight_bytes=model.num_bytes,
+                 small_batch_weight_bytes=model.small_batch_bytes,
                  threads=torch.get_num_threads())
         return model
+
+    def _gguf_blocks(self) -> BlockSource | None:
+        """The GGUF blocks saved with a converted model, where small fp32 batches on the CPU
+        can read them."""
+        config = self.config
+        if (not config.use_gguf_blocks or self.device.type != "cpu"
+                or config.torch_dtype != torch.float32):
+            return None
+        return BlockSource.of_model_dir(config.model_dir)
 
     def _num_kv_blocks(self, memory_before_load: tuple[int, int] | None) -> int:
         """CPU: --kv-cache-memory, or a fraction of available RAM. Accelerator: vLLM's rule,

@@ -42,8 +42,12 @@ CHAT_PROMPTS = [
 ]
 
 
-def _runner(dtype: str = "float32", kv_cache_dtype: str = "auto") -> ModelRunner:
+def _runner(dtype: str = "float32", kv_cache_dtype: str = "auto",
+            gguf_blocks: bool = True) -> ModelRunner:
+    """As the worker runs the embedded model: fp32 steps of a few rows read the GGUF's
+    blocks (services/worker/models/gguf_blocks.py) unless `gguf_blocks` is off."""
     return ModelRunner(RunnerConfig(model_dir=resolve_model("").hf_dir, dtype=dtype,
+                                    use_gguf_blocks=gguf_blocks,
                                     kv_cache_dtype=kv_cache_dtype, max_model_len=1024,
                                     kv_cache_memory=256 * 2**20, max_num_seqs=32))
 
@@ -81,6 +85,19 @@ def test_prompts_are_varied(prompts: list[list[int]]) -> None:
 
 def test_greedy_matches_hf_all_prompts_in_one_step(runner: ModelRunner, prompts, hf_fp32) -> None:
     assert _generate(runner, prompts) == hf_fp32
+
+
+def test_greedy_matches_hf_with_dense_weights_only(prompts, hf_fp32) -> None:
+    runner = _runner(gguf_blocks=False)
+    assert all(lin.quantized is None for layer in runner.model.layers for lin in layer.linears)
+    assert _generate(runner, prompts) == hf_fp32
+
+
+def test_small_batches_read_the_gguf_blocks(runner: ModelRunner) -> None:
+    model = runner.model
+    assert all(lin.quantized is not None for layer in model.layers for lin in layer.linears)
+    assert model.lm_head.quantized is not None
+    assert model.small_batch_bytes < model.num_bytes / 4
 
 
 def test_greedy_matches_hf_with_chunked_prefill(runner: ModelRunner, prompts, hf_fp32) -> None:

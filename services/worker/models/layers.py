@@ -7,12 +7,20 @@ Module.__call__ costs microseconds each on the hot path.
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import ModuleType
 
 import structlog
 import torch
 import torch.nn.functional as F
 
+from services.worker.models.quantized import QuantizedMatrix
+
 log = structlog.get_logger(__name__)
+
+# Rows up to which a linear with GGUF blocks reads them instead of the dense fp32 weight.
+# NOTE: measured (2 cores, AVX2) on SmolLM2's MLPs: 2.7x faster than oneDNN at 1 row, 1.5x
+# at 8, even at 16, 0.76x at 32 (the expansion's extra work outweighs the bytes saved).
+QUANTIZED_MAX_ROWS = 12
 
 
 class Linear:
@@ -27,12 +35,16 @@ class Linear:
     On CUDA, F.linear (cuBLAS picks its own kernels).
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 quantized: QuantizedMatrix | None = None, kernels: ModuleType | None = None):
         self.out_features, self.in_features = weight.shape
         self.num_bytes = sum(t.numel() * t.element_size() for t in (weight, bias) if t is not None)
         self.bias = bias
         self.weight: torch.Tensor | None = weight
         self.forward: Callable[[torch.Tensor], torch.Tensor] = self._dense
+        # GGUF blocks of the same values, for batches of up to QUANTIZED_MAX_ROWS rows.
+        self.quantized = quantized if _same_values(quantized, weight, kernels) else None
+        self._kernels = kernels
         if weight.device.type != "cpu":
             return
         self._packed = _try_prepack(weight, bias)
@@ -45,7 +57,23 @@ class Linear:
         self.forward = self._transposed
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quantized is not None and x.shape[0] <= QUANTIZED_MAX_ROWS:
+            return self._from_blocks(x)
         return self.forward(x)
+
+    @property
+    def num_bytes_per_small_batch(self) -> int:
+        """Weight bytes a step of at most QUANTIZED_MAX_ROWS rows reads."""
+        if self.quantized is None:
+            return self.num_bytes
+        return self.quantized.num_bytes + (0 if self.bias is None else
+                                           self.bias.numel() * self.bias.element_size())
+
+    def _from_blocks(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.quantized is not None and self._kernels is not None
+        q = self.quantized
+        y = self._kernels.quant_linear(x, q.scales, q.mins, q.quants)
+        return y if self.bias is None else y.add_(self.bias)
 
     def _dense(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
@@ -57,6 +85,20 @@ class Linear:
 
     def _prepacked(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
+
+
+def _same_values(quantized: QuantizedMatrix | None, weight: torch.Tensor,
+                 kernels: ModuleType | None) -> bool:
+    """Whether the blocks expand to `weight` bit for bit (and a kernel can read them)."""
+    if (quantized is None or kernels is None or weight.dtype != torch.float32
+            or weight.device.type != "cpu" or quantized.shape != tuple(weight.shape)
+            or quantized.shape[0] % 2 or not kernels.quant_linear_supported()):
+        return False
+    if torch.equal(quantized.dequantize().view(torch.int32), weight.view(torch.int32)):
+        return True
+    log.warning("GGUF blocks differ from the loaded weight; that linear stays dense",
+                shape=list(weight.shape))
+    return False
 
 
 def _try_prepack(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:

@@ -12,6 +12,7 @@ blocks, with ~7 s of compile at start-up, so it is not used.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -20,27 +21,30 @@ import torch.nn.functional as F
 from kernels import cpu_ops
 from services.worker.attention.backend import AttentionBackend, KVCache
 from services.worker.models.config import ModelConfig
+from services.worker.models.quantized import BlockSource
 from services.worker.models.layer_ops import CpuLayerOps, TorchLayerOps
 from services.worker.models.layers import Linear
 from services.worker.models.rotary import RotaryEmbedding
 from services.worker.models.weights import WeightSource
 
 
+LinearFactory = Callable[..., Linear]   # (weight names, bias=None) -> Linear
+
+
 class LlamaDecoderLayer:
     def __init__(self, config: ModelConfig, weights: WeightSource, index: int,
-                 attn: AttentionBackend, rotary: RotaryEmbedding, ops: TorchLayerOps):
+                 attn: AttentionBackend, rotary: RotaryEmbedding, ops: TorchLayerOps,
+                 linear: LinearFactory):
         prefix = f"layers.{index}."
         attn_prefix = prefix + "self_attn."
-        qkv_names = [f"{attn_prefix}{p}_proj.weight" for p in "qkv"]
         qkv_bias = None
         if config.attention_bias:
             qkv_bias = weights.get_fused([f"{attn_prefix}{p}_proj.bias" for p in "qkv"])
-        self.qkv_proj = Linear(weights.get_fused(qkv_names), qkv_bias)
-        self.o_proj = Linear(weights.get(attn_prefix + "o_proj.weight"))
+        self.qkv_proj = linear([f"{attn_prefix}{p}_proj.weight" for p in "qkv"], qkv_bias)
+        self.o_proj = linear([attn_prefix + "o_proj.weight"])
         mlp_prefix = prefix + "mlp."
-        self.gate_up_proj = Linear(weights.get_fused(
-            [mlp_prefix + "gate_proj.weight", mlp_prefix + "up_proj.weight"]))
-        self.down_proj = Linear(weights.get(mlp_prefix + "down_proj.weight"))
+        self.gate_up_proj = linear([mlp_prefix + "gate_proj.weight", mlp_prefix + "up_proj.weight"])
+        self.down_proj = linear([mlp_prefix + "down_proj.weight"])
         self.input_layernorm = weights.get(prefix + "input_layernorm.weight")
         self.post_attention_layernorm = weights.get(prefix + "post_attention_layernorm.weight")
         self.q_norm = self.k_norm = None
@@ -57,11 +61,14 @@ class LlamaDecoderLayer:
         self.kv_cache: KVCache | None = None
 
     @property
+    def linears(self) -> tuple[Linear, ...]:
+        return self.qkv_proj, self.o_proj, self.gate_up_proj, self.down_proj
+
+    @property
     def num_bytes(self) -> int:
         norms = [self.input_layernorm, self.post_attention_layernorm, self.q_norm, self.k_norm]
         return (sum(t.numel() * t.element_size() for t in norms if t is not None)
-                + sum(lin.num_bytes for lin in
-                      (self.qkv_proj, self.o_proj, self.gate_up_proj, self.down_proj)))
+                + sum(lin.num_bytes for lin in self.linears))
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
                 sin: torch.Tensor, attn_metadata: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,7 +100,8 @@ class LlamaDecoderLayer:
 
 class LlamaForCausalLM:
     def __init__(self, config: ModelConfig, weights: WeightSource, attn: AttentionBackend,
-                 max_position: int):
+                 max_position: int, blocks: BlockSource | None = None):
+        """`blocks`: the GGUF blocks of the weights, read by small batches (quantized.py)."""
         self.config = config
         # NOTE: on CPU the layers' small steps run as fused C++ kernels where they could be
         # built (kernels/cpu_ops.py), in torch otherwise.
@@ -101,16 +109,28 @@ class LlamaForCausalLM:
         self.ops = CpuLayerOps(kernels) if kernels is not None else TorchLayerOps()
         self.rotary = RotaryEmbedding(config.head_dim, max_position, config.rope_theta,
                                       config.rope_scaling, weights.dtype, weights.device, kernels)
+
+        def linear(names: list[str], bias: torch.Tensor | None = None,
+                   weight: torch.Tensor | None = None) -> Linear:
+            quantized = blocks.get_fused(names) if blocks is not None else None
+            return Linear(weights.get_fused(names) if weight is None else weight, bias,
+                          quantized, kernels)
+
         self.embed_tokens = weights.get("embed_tokens.weight")
-        self.layers = [LlamaDecoderLayer(config, weights, i, attn, self.rotary, self.ops)
+        self.layers = [LlamaDecoderLayer(config, weights, i, attn, self.rotary, self.ops, linear)
                        for i in range(config.num_hidden_layers)]
         self.norm = weights.get("norm.weight")
         tied = config.tie_word_embeddings or "lm_head.weight" not in weights
-        self.lm_head = Linear(self.embed_tokens if tied else weights.get("lm_head.weight"))
+        self.lm_head = (linear(["embed_tokens.weight"], weight=self.embed_tokens) if tied
+                        else linear(["lm_head.weight"]))
         self.num_bytes = (self.embed_tokens.numel() * self.embed_tokens.element_size()
                           + sum(layer.num_bytes for layer in self.layers)
                           + self.norm.numel() * self.norm.element_size()
                           + self.lm_head.num_bytes * (not tied))
+        linears = [lin for layer in self.layers for lin in layer.linears] + [self.lm_head]
+        # What a step of a few rows reads: GGUF blocks where the linears have them.
+        self.small_batch_bytes = (self.num_bytes - sum(lin.num_bytes for lin in linears)
+                                  + sum(lin.num_bytes_per_small_batch for lin in linears))
 
     def bind_kv_caches(self, kv_caches: list[KVCache]) -> None:
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):

@@ -1,0 +1,87 @@
+"""A GGUF model's quantized blocks, for the fp32 model's small-batch linears.
+
+The embedded model ships as GGUF (Q4_1 layers, a Q8_0 embedding) and the worker loads its
+dequantized fp32 values. A decode step at small batch is bound by reading those weights
+(538 MB a step); the same values, kept as their GGUF blocks and expanded on the fly by
+kernels/cpu/quant_linear.cpp, are ~5x fewer bytes. The products are the fp32 model's: a
+matrix is used only where expanding its blocks gives the loaded fp32 weight bit for bit
+(Linear checks), so greedy output is the fp32 model's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from services.common.gguf_blocks import BLOCKS_FILE
+
+BLOCK = 32
+
+
+@dataclass(frozen=True)
+class QuantizedMatrix:
+    """W [N, K] as GGUF blocks along K: scales (and Q4_1 mins) [N, K/32] fp32, quants uint8
+    ([N, K/2] nibbles for Q4_1, [N, K] int8 for Q8_0)."""
+    scales: torch.Tensor
+    mins: torch.Tensor          # empty for Q8_0
+    quants: torch.Tensor
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.scales.shape[0], self.scales.shape[1] * BLOCK
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.scales, self.mins, self.quants))
+
+    def dequantize(self) -> torch.Tensor:
+        """The fp32 values, as gguf's dequantizer computes them: (d * q) + m, d * q."""
+        n, num_blocks = self.scales.shape
+        if self.mins.numel():
+            q = self.quants.view(n, num_blocks, BLOCK // 2)
+            q = torch.cat([q & 0x0F, q >> 4], dim=2).float()
+            return (self.scales[:, :, None] * q + self.mins[:, :, None]).reshape(n, -1)
+        q = self.quants.view(torch.int8).view(n, num_blocks, BLOCK).float()
+        return (self.scales[:, :, None] * q).reshape(n, -1)
+
+    def rows(self, index: torch.Tensor) -> QuantizedMatrix:
+        return QuantizedMatrix(self.scales[index], self.mins[index] if self.mins.numel()
+                               else self.mins, self.quants[index])
+
+    @staticmethod
+    def cat(parts: list[QuantizedMatrix]) -> QuantizedMatrix:
+        return QuantizedMatrix(*(torch.cat(ts) for ts in zip(
+            *((p.scales, p.mins, p.quants) for p in parts))))
+
+
+class BlockSource:
+    """The quantized blocks saved beside a converted GGUF model (services/common/gguf_blocks.py),
+    by HF weight name."""
+
+    def __init__(self, path: Path):
+        self._file = safe_open(str(path), framework="pt")
+        self._names = set(self._file.keys())
+
+    @classmethod
+    def of_model_dir(cls, model_dir: Path) -> BlockSource | None:
+        path = model_dir / BLOCKS_FILE
+        return cls(path) if path.is_file() else None
+
+    def get_fused(self, names: list[str]) -> QuantizedMatrix | None:
+        """The named weights concatenated along N (q/k/v, gate/up); None unless every one
+        has blocks of the same format."""
+        if not all(f"{name}.scales" in self._names for name in names):
+            return None
+        parts = [self._get(name) for name in names]
+        if len({bool(p.mins.numel()) for p in parts}) != 1:
+            return None
+        return QuantizedMatrix.cat(parts)
+
+    def _get(self, name: str) -> QuantizedMatrix:
+        mins = (self._file.get_tensor(f"{name}.mins") if f"{name}.mins" in self._names
+                else torch.empty(0))
+        return QuantizedMatrix(self._file.get_tensor(f"{name}.scales"), mins,
+                               self._file.get_tensor(f"{name}.quants"))
