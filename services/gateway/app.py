@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from services.common import wire
 from services.common.bus import BusError
 from services.common.packing import pack_int32, unpack_int32
-from services.gateway.auth import ApiKeys
+from services.gateway.auth import ApiKeys, tenant_of
 from services.gateway.body import parse_body
 from services.gateway.chat import chat_prompt, create_chat_completion
 from services.gateway.completions import create_completion
@@ -106,7 +106,10 @@ def create_app(ctx: GatewayContext, registry: CollectorRegistry) -> FastAPI:
         return {"prompt": await ctx.client.detokenize(pack_int32(body.tokens))}
 
     @app.post("/reset_prefix_cache")
-    async def reset_prefix_cache() -> Response:
+    async def reset_prefix_cache(request: Request) -> Response:
+        if not api_keys.may_administer(tenant_of(request)):
+            raise ApiError(403, "this endpoint needs an admin API key (--admin-api-key)",
+                           code="permission_denied")
         return await _reset_prefix_cache(ctx)
 
     @app.get("/version")

@@ -66,21 +66,29 @@ class Tenant:
 
 class ApiKeys:
     def __init__(self, keys: list[str], tokens_per_minute: int = 0,
-                 burst_tokens: int = 0) -> None:
+                 burst_tokens: int = 0, admin_keys: list[str] | None = None) -> None:
+        """`admin_keys` are tenants too, that may also call the admin endpoints."""
         def bucket() -> TokenBucket | None:
             if tokens_per_minute <= 0:
                 return None
             return TokenBucket(tokens_per_minute / 60.0, burst_tokens or tokens_per_minute)
 
+        keys = list(dict.fromkeys([*keys, *(admin_keys or [])]))
         self._tenants = [(key.encode(), Tenant(key_id(key), tenant_salt(key), bucket()))
                          for key in keys]
         self._anonymous = None if keys else Tenant("", "", bucket())   # no key: no id
         self._by_key_id = {tenant.key_id: tenant for _, tenant in self._tenants}
+        self._admin_ids = {key_id(key) for key in admin_keys or []}
 
     @classmethod
     def from_settings(cls, settings: TenantSettings) -> ApiKeys:
         return cls(settings.api_key, settings.rate_limit_tokens_per_minute,
-                   settings.rate_limit_burst_tokens)
+                   settings.rate_limit_burst_tokens, settings.admin_api_key)
+
+    def may_administer(self, tenant: Tenant | None) -> bool:
+        """Admin endpoints: open with no key configured, else for admin keys only."""
+        return self._anonymous is not None or (tenant is not None
+                                               and tenant.key_id in self._admin_ids)
 
     @property
     def required(self) -> bool:

@@ -13,6 +13,9 @@ class TenantSettings:
     batch's lines as the key that created it), so both must get the same values."""
     api_key: list[str] = setting([], "Accepted API keys (repeat the flag for several; none: "
                                  "no auth)", secret=True)
+    admin_api_key: list[str] = setting(
+        [], "API keys that may also call the admin endpoints (POST /reset_prefix_cache); with "
+        "--api-key set and none of these, no key may", secret=True)
     rate_limit_tokens_per_minute: int = setting(
         0, "Per API key (all requests when no key is set): prompt + max_tokens tokens it may "
         "submit per minute, as a token bucket; beyond it 429 with Retry-After (0: no limit)")

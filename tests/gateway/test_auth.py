@@ -1,14 +1,23 @@
-"""API keys, per-tenant prefix-cache salts and token-rate limits at the gateway."""
+"""API keys, per-tenant prefix-cache salts, token-rate limits and admin keys at the gateway."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Awaitable
+from types import SimpleNamespace
 
+import httpx2 as httpx
 import pytest
+from prometheus_client import CollectorRegistry
 
+from services.common.metrics import GatewayMetrics
+from services.gateway.app import create_app
 from services.gateway.auth import ApiKeys, key_id
+from services.gateway.context import GatewayContext
 from services.gateway.errors import ApiError
+from services.gateway.mesh_view import MeshView
 from services.gateway.rate_limit import TokenBucket
+from services.gateway.settings import GatewaySettings
 
 
 def test_only_a_configured_key_is_a_tenant() -> None:
@@ -90,3 +99,33 @@ def test_token_bucket_refills_at_its_rate_up_to_its_capacity() -> None:
     now[0] = 100.0
     assert bucket.available == pytest.approx(10.0)    # capped
     assert math.isinf(bucket.try_take(11))
+
+
+def test_only_admin_keys_may_call_admin_endpoints_when_keys_are_set() -> None:
+    keys = ApiKeys(["tenant"], admin_keys=["operator"])
+    tenant, operator = keys.identify("Bearer tenant"), keys.identify("Bearer operator")
+    assert operator is not None and operator.cache_salt("") != tenant.cache_salt("")
+    assert keys.may_administer(operator) and not keys.may_administer(tenant)
+    assert not ApiKeys(["tenant"]).may_administer(ApiKeys(["tenant"]).identify("Bearer tenant"))
+    open_api = ApiKeys([])
+    assert open_api.may_administer(open_api.identify(""))
+
+
+async def test_reset_prefix_cache_answers_403_to_a_tenant_key_and_runs_for_an_admin() -> None:
+    settings = GatewaySettings(api_key=["tenant"], admin_api_key=["operator"])
+    ctx = GatewayContext(settings, SimpleNamespace(gateway_id="auth-test"),  # type: ignore[arg-type]
+                         MeshView(60.0), GatewayMetrics(CollectorRegistry()))
+    app = create_app(ctx, CollectorRegistry())
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gateway") as http:
+        def reset(key: str) -> Awaitable[httpx.Response]:
+            return http.post("/reset_prefix_cache", headers={"Authorization": f"Bearer {key}"})
+
+        refused = await reset("tenant")
+        assert refused.status_code == 403
+        assert refused.json()["error"]["code"] == "permission_denied"
+        assert (await reset("nobody")).status_code == 401
+        # The admin passes auth and reaches the engines: none is running in this test.
+        reached = await reset("operator")
+        assert reached.status_code == 503
+        assert reached.json()["error"]["code"] == "engine_unavailable"
