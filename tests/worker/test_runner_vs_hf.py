@@ -90,7 +90,8 @@ def test_greedy_matches_hf_all_prompts_in_one_step(runner: ModelRunner, prompts,
 def test_greedy_matches_hf_with_dense_weights_only(prompts, hf_fp32) -> None:
     runner = _runner(gguf_blocks=False)
     assert all(lin.quantized is None for layer in runner.model.layers for lin in layer.linears)
-    assert _generate(runner, prompts) == hf_fp32
+    # Four prompts keep it short: every product is dense here whatever the batch size.
+    assert _generate(runner, prompts[:4]) == hf_fp32[:4]
 
 
 def test_small_batches_read_the_gguf_blocks(runner: ModelRunner) -> None:
