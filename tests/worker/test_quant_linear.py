@@ -1,7 +1,8 @@
 """quant_linear (kernels/cpu/quant_linear.cpp) on random GGUF Q4_1 and Q8_0 blocks: it
 expands them to exactly the values gguf's dequantizer gives, its products match a dense
 matmul over those values, and a row's result does not depend on the rows beside it; and
-Linear reads the blocks only for small batches and only when they are the loaded weight."""
+Linear reads the blocks only for small batches and only when they are the loaded weight, and
+accumulates 16-bit products in fp32 whether or not the CPU has a 16-bit GEMM."""
 
 from __future__ import annotations
 
@@ -78,3 +79,16 @@ def test_linear_reads_blocks_for_small_batches_only_and_only_if_they_are_its_wei
     off_by_one_ulp = weight.clone()
     off_by_one_ulp.view(torch.int32)[5, 7] += 1
     assert Linear(off_by_one_ulp, quantized=q, kernels=ops).quantized is None
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_16_bit_linear_accumulates_in_fp32_on_any_cpu(dtype: torch.dtype) -> None:
+    # Whether this CPU packs 16-bit weights or Linear multiplies their (exact) fp32 values.
+    generator = torch.Generator().manual_seed(4)
+    weight = torch.randn(96, 64, generator=generator).to(dtype)
+    bias = torch.randn(96, generator=generator).to(dtype)
+    x = torch.randn(5, 64, generator=generator).to(dtype)
+    y = Linear(weight, bias)(x)
+    want = (x.double() @ weight.double().T + bias.double()).to(dtype)
+    assert y.dtype == dtype
+    torch.testing.assert_close(y.float(), want.float(), rtol=1e-2, atol=1e-2)

@@ -168,7 +168,16 @@ def test_bf16_matches_hf_bf16_on_most_prompts(prompts, hf_fp32) -> None:
           f"first divergence at {sorted(prefixes)} (HF bf16 matches HF fp32 on "
           f"{hf_self}/{len(prompts)})")
     assert matches >= len(prompts) // 3
-    assert min(prefixes) >= 4  # the first tokens always agree
+    # An early divergence must be a near-tie: the two tokens' fp32 logits closer than one
+    # bf16 step (in one prompt here they differ by 0.003 at 12.77, where a step is 0.06).
+    model, _ = hf_model()
+    for prompt, mine, theirs, agreed in zip(prompts, ours, hf_bf16, prefixes):
+        if agreed >= min(4, len(mine), len(theirs)):
+            continue
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + mine[:agreed]])).logits[0, -1].float()
+        gap = (logits[mine[agreed]] - logits[theirs[agreed]]).abs().item()
+        assert gap <= logits.max().abs().item() * 2**-7, (prompt, agreed, gap)
 
 
 def test_fp8_kv_cache_mostly_matches_fp32(prompts, hf_fp32) -> None:

@@ -6,6 +6,7 @@ Module.__call__ costs microseconds each on the hot path.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from types import ModuleType
 
@@ -52,6 +53,19 @@ class Linear:
             self.weight = None  # the packed copy replaces it: don't hold both
             self.forward = self._prepacked
             return
+        if weight.dtype != torch.float32:
+            # NOTE: a CPU without a 16-bit GEMM (no AVX-512 / AVX-NE-CONVERT) has oneDNN
+            # refuse 16-bit packing and MKL crawl (bf16 SmolLM2: 411 ms a batch-1 step,
+            # 5 prefill tokens/s). 16-bit values are exact in fp32, so multiplying there
+            # keeps the products and accumulates in fp32, as a 16-bit GEMM does.
+            self._packed = _try_prepack(weight.float(), None if bias is None else bias.float())
+            if self._packed is not None:
+                _log_once(f"no {weight.dtype} GEMM on this CPU: 16-bit weights are multiplied "
+                          f"in fp32 (the same products, fp32 accumulation; twice the bytes)")
+                self.weight = None
+                self.forward = self._prepacked_in_fp32
+                self.num_bytes *= 2   # what a step reads now
+                return
         self.weight_t = weight.t().contiguous()
         self.weight = None
         self.forward = self._transposed
@@ -86,6 +100,11 @@ class Linear:
     def _prepacked(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
 
+    def _prepacked_in_fp32(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.float()
+        return torch.ops.mkldnn._linear_pointwise(x.float(), self._packed, bias, "none", [],
+                                                  "").to(x.dtype)
+
 
 def _same_values(quantized: QuantizedMatrix | None, weight: torch.Tensor,
                  kernels: ModuleType | None) -> bool:
@@ -113,6 +132,12 @@ def _try_prepack(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tenso
             raise RuntimeError("prepacked linear disagrees with F.linear")
         return packed
     except (RuntimeError, AttributeError) as e:
-        log.warning("oneDNN weight prepacking unavailable; using MKL", error=str(e))
+        _log_once(f"oneDNN cannot pack {weight.dtype} weights here ({e})")
         return None
+
+
+@functools.cache
+def _log_once(message: str) -> None:
+    """Said once per process, not once per linear layer."""
+    log.warning(message)
 
