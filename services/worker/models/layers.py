@@ -58,7 +58,8 @@ class Linear:
             # refuse 16-bit packing and MKL crawl (bf16 SmolLM2: 411 ms a batch-1 step,
             # 5 prefill tokens/s). 16-bit values are exact in fp32, so multiplying there
             # keeps the products and accumulates in fp32, as a 16-bit GEMM does.
-            self._packed = _try_prepack(weight.float(), None if bias is None else bias.float())
+            self._bias_fp32 = None if bias is None else bias.float()
+            self._packed = _try_prepack(weight.float(), self._bias_fp32)
             if self._packed is not None:
                 _log_once(f"no {weight.dtype} GEMM on this CPU: 16-bit weights are multiplied "
                           f"in fp32 (the same products, fp32 accumulation; twice the bytes)")
@@ -101,9 +102,8 @@ class Linear:
         return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
 
     def _prepacked_in_fp32(self, x: torch.Tensor) -> torch.Tensor:
-        bias = None if self.bias is None else self.bias.float()
-        return torch.ops.mkldnn._linear_pointwise(x.float(), self._packed, bias, "none", [],
-                                                  "").to(x.dtype)
+        return torch.ops.mkldnn._linear_pointwise(x.float(), self._packed, self._bias_fp32,
+                                                  "none", [], "").to(x.dtype)
 
 
 def _same_values(quantized: QuantizedMatrix | None, weight: torch.Tensor,
