@@ -202,6 +202,14 @@ def bench_dtype(args: argparse.Namespace, files: ModelFiles, dtype: str, kernels
     return step_ms
 
 
+def print_ratio(dtype: str, what: str, names: list[str],
+                results: list[dict[str, float]]) -> None:
+    """Step time of the second configuration over the first's, per batch label."""
+    base, other = results
+    print(f"-- {dtype}: {what} {names[1]} / {names[0]} step time: " + ", ".join(
+        f"{label.strip()} {other[label] / base[label]:.2f}x" for label in base))
+
+
 def measure(args: argparse.Namespace, driver: Driver, timer: AttentionTimer,
             prompt_lens: list[int]) -> tuple[dict[str, float], float]:
     """Prefills the requests, then medians (ms) of --decode-steps decode steps' phases."""
@@ -265,14 +273,10 @@ def main() -> None:
         for dtype in args.dtypes.split(","):
             results = {(k, w): bench_dtype(args, files, dtype, k, w, bandwidth)
                        for k in kernels for w in weights}
-            for name, pair in (("kernels", [(k, weights[0]) for k in kernels]),
-                               ("weights", [(kernels[0], w) for w in weights])):
-                if len(pair) == 2:
-                    base, other = results[pair[0]], results[pair[1]]
-                    print(f"-- {dtype}: {name} {' / '.join(p[name == 'weights'] for p in pair[::-1])}"
-                          f" step time: " + ", ".join(f"{label.strip()} "
-                                                      f"{other[label] / base[label]:.2f}x"
-                                                      for label in base))
+            if len(kernels) == 2:
+                print_ratio(dtype, "kernels", kernels, [results[k, weights[0]] for k in kernels])
+            if len(weights) == 2:
+                print_ratio(dtype, "weights", weights, [results[kernels[0], w] for w in weights])
     finally:
         if background is not None:
             background.kill()

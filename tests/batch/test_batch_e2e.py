@@ -7,7 +7,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import openai
 import pytest
 
+from tests.batch.polling import finished, wait_for
 from tests.mesh import REPO_ROOT, Mesh
 
 pytestmark = pytest.mark.slow
@@ -63,20 +63,6 @@ def create_batch(client: openai.OpenAI, data: bytes) -> str:
                                   completion_window="24h")
     assert batch.status in ("validating", "in_progress")
     return batch.id
-
-
-def wait_for(client: openai.OpenAI, batch_id: str, done: Any, timeout_s: float = 180.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        batch = client.batches.retrieve(batch_id)
-        if done(batch):
-            return batch
-        assert time.monotonic() < deadline, batch
-        time.sleep(0.2)
-
-
-def finished(batch: Any) -> bool:
-    return batch.status in ("completed", "failed", "cancelled", "expired")
 
 
 def entries(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:

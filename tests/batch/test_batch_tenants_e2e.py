@@ -5,7 +5,6 @@ key's), and the other key cannot see the batch or its output."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,6 +12,8 @@ import openai
 import pytest
 
 from llm_mesh.embedded import free_port
+from tests.batch.polling import finished, wait_for
+from tests.faults.streams import poll
 from tests.mesh import Mesh, http_get
 
 pytestmark = pytest.mark.slow
@@ -29,10 +30,7 @@ def keyed_url(mesh: Mesh) -> Iterator[str]:
     mesh.add_service("gateway-keyed", ["--port", str(port), *KEYS], kind="gateway")
     mesh.add_service("batch-keyed", [*KEYS, "--job-ack-wait-s", "2"], kind="batch")
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while http_get(f"{url}/health")[0] != 200:
-        assert time.monotonic() < deadline, mesh.logs()
-        time.sleep(0.2)
+    poll(lambda: http_get(f"{url}/health")[0] == 200, 60, "the keyed gateway to see the mesh")
     yield url
     assert mesh.remove_service("batch-keyed") == 0, mesh.logs()
     assert mesh.remove_service("gateway-keyed") in (0, -15), mesh.logs()
@@ -47,11 +45,7 @@ def run_batch(api: openai.OpenAI, body: dict[str, Any]) -> Any:
     uploaded = api.files.create(file=("in.jsonl", json.dumps(line).encode()), purpose="batch")
     batch = api.batches.create(input_file_id=uploaded.id, endpoint=CHAT,
                                completion_window="24h")
-    deadline = time.monotonic() + 120
-    while batch.status not in ("completed", "failed", "cancelled", "expired"):
-        assert time.monotonic() < deadline, batch
-        time.sleep(0.2)
-        batch = api.batches.retrieve(batch.id)
+    batch = wait_for(api, batch.id, finished, timeout_s=120)
     assert batch.status == "completed" and batch.request_counts.completed == 1, batch
     return batch
 
