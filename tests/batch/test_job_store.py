@@ -47,6 +47,17 @@ async def test_the_first_result_of_a_line_wins(store: BatchStore) -> None:
     assert await store.results("batch_3") == {}
 
 
+async def test_every_result_is_read_however_many_and_however_many_readers(
+        store: BatchStore) -> None:
+    # More results than one fetch returns, read by many readers at once: each read is whole
+    # (a KV watch's "all delivered" marker could come before the values and cut reads short).
+    entries = {f"line-{i}": f"entry {i}".encode() for i in range(600)}
+    await asyncio.gather(*(store.save_result("batch_big", k, v) for k, v in entries.items()))
+    reads = await asyncio.gather(*(store.results("batch_big") for _ in range(8)))
+    assert all(read == entries for read in reads)
+    assert len(await store.list_records()) == 0
+
+
 async def test_files_keep_their_record(store: BatchStore) -> None:
     assert await store.list_files() == []
     saved = await store.put_file(FileRecord(id="file-1", filename="in.jsonl", purpose="batch"),

@@ -39,6 +39,8 @@ class BatchStore:
         self._files = files
         self._records = records
         self._results = results
+        self._records_snapshot = _KeyValueSnapshot(js, subjects.batch_records_bucket)
+        self._results_snapshot = _KeyValueSnapshot(js, subjects.batch_results_bucket)
 
     @classmethod
     async def open(cls, js: JetStreamContext, subjects: Subjects) -> BatchStore:
@@ -128,7 +130,7 @@ class BatchStore:
         raise RuntimeError(f"batch {batch_id}: too many concurrent updates")
 
     async def list_records(self) -> list[BatchRecord]:
-        return [BatchRecord.from_json(v) for v in (await _values(self._records, ">")).values()]
+        return [BatchRecord.from_json(v) for v in (await self._records_snapshot.values(">")).values()]
 
     # ---- jobs
 
@@ -159,7 +161,7 @@ class BatchStore:
         """Line key -> result entry, for every line of the batch that has one."""
         prefix = f"{batch_id}."
         return {key[len(prefix):]: value
-                for key, value in (await _values(self._results, f"{batch_id}.>")).items()}
+                for key, value in (await self._results_snapshot.values(f"{batch_id}.>")).items()}
 
 
 async def _key_value(js: JetStreamContext, bucket: str, ttl_s: float | None) -> KeyValue:
@@ -169,18 +171,46 @@ async def _key_value(js: JetStreamContext, bucket: str, ttl_s: float | None) -> 
         return await js.create_key_value(bucket=bucket, history=1, ttl=ttl_s)
 
 
-async def _values(kv: KeyValue, keys: str) -> dict[str, bytes]:
-    """The latest value of every key matching `keys`, read in one pass (a KV watch)."""
-    watcher = await kv.watch(keys, ignore_deletes=True)
-    values: dict[str, bytes] = {}
-    try:
-        async for entry in watcher:
-            if entry is None:  # the watch's marker: every current value was delivered
-                break
-            values[entry.key] = entry.value
-    finally:
-        await watcher.stop()
-    return values
+class _KeyValueSnapshot:
+    """Reads the latest value of every key matching a pattern, all of them, in one pass.
+
+    Not a KV watch: nats-py's watcher signals "all current values delivered" from a consumer
+    info taken after the server may already have pushed everything, so under load the signal
+    can come before the values and a read returns too few. A pull consumer delivers nothing
+    until asked, so its pending count at creation is exactly the number of values to read.
+    """
+
+    FETCH_BATCH = 256
+
+    def __init__(self, js: JetStreamContext, bucket: str) -> None:
+        self._js = js
+        self._stream = f"KV_{bucket}"
+        self._prefix = f"$KV.{bucket}."
+
+    async def values(self, keys: str) -> dict[str, bytes]:
+        sub = await self._js.pull_subscribe(
+            f"{self._prefix}{keys}", stream=self._stream, config=api.ConsumerConfig(
+                deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
+                ack_policy=api.AckPolicy.NONE, inactive_threshold=60.0))
+        info = await sub.consumer_info()
+        values: dict[str, bytes] = {}
+        try:
+            pending = info.num_pending
+            while pending > 0:
+                for msg in await sub.fetch(min(pending, self.FETCH_BATCH), timeout=10.0):
+                    pending = msg.metadata.num_pending
+                    if not _is_removal(msg.headers):
+                        values[msg.subject[len(self._prefix):]] = msg.data
+        finally:
+            await sub.unsubscribe()
+            await self._js.delete_consumer(self._stream, info.name)
+        return values
+
+
+def _is_removal(headers: dict[str, str] | None) -> bool:
+    """A delete or purge marker, written by a client (KV-Operation) or by the server when a
+    value's TTL ran out (Nats-Marker-Reason, nats-server 2.11+)."""
+    return bool(headers) and ("KV-Operation" in headers or "Nats-Marker-Reason" in headers)
 
 
 def _file_record(info: api.ObjectInfo) -> FileRecord | None:
