@@ -6,12 +6,15 @@ Needs a running mesh with a batch runner (`llm-mesh up` starts one) and only nat
 
 It uploads a JSONL input file to the batch files Object Store, publishes a job on the jobs
 stream, watches the batch record in KV until the job ends, and prints the output file.
+With --api-key (in a mesh with API keys), the batch runs as that key's tenant and that key
+sees it over HTTP (/v1/batches); without one it runs with no tenant.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import secrets
 import time
@@ -30,6 +33,11 @@ def input_file(model: str, count: int, max_tokens: int) -> bytes:
     return "\n".join(json.dumps(line) for line in lines).encode() + b"\n"
 
 
+def owner(api_key: str) -> str:
+    """The key id the mesh records as a batch's owner (never the key itself)."""
+    return "key-" + hashlib.sha256(api_key.encode()).hexdigest()[:12] if api_key else ""
+
+
 async def main(args: argparse.Namespace) -> None:
     ns = args.namespace
     client = await nats.connect(args.nats_url)
@@ -41,7 +49,7 @@ async def main(args: argparse.Namespace) -> None:
     data = input_file(args.model, args.count, args.max_tokens)
     file_record = {"id": file_id, "object": "file", "bytes": len(data),
                    "created_at": int(time.time()), "filename": "questions.jsonl",
-                   "purpose": "batch", "status": "processed"}
+                   "purpose": "batch", "status": "processed", "owner": owner(args.api_key)}
     files = await js.object_store(f"{ns}-batch-files")
     await files.put(file_id, data, meta=api.ObjectMeta(name=file_id,
                                                        description=json.dumps(file_record)))
@@ -50,7 +58,8 @@ async def main(args: argparse.Namespace) -> None:
     #    of the same job a no-op.
     batch_id = f"batch_{secrets.token_hex(12)}"
     job = {"batch_id": batch_id, "input_file_id": file_id, "endpoint": "/v1/chat/completions",
-           "completion_window": "24h", "created_at": int(time.time())}
+           "completion_window": "24h", "created_at": int(time.time()),
+           "owner": owner(args.api_key)}
     await js.publish(f"{ns}.batch.jobs", json.dumps(job).encode(),
                      headers={"Nats-Msg-Id": batch_id})
     print(f"submitted {batch_id} ({args.count} requests)")
@@ -91,4 +100,5 @@ if __name__ == "__main__":
     parser.add_argument("--model", default="SmolLM2-135M-Instruct")
     parser.add_argument("--count", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--api-key", default="", help="run the batch as this API key")
     asyncio.run(main(parser.parse_args()))

@@ -1,10 +1,13 @@
 """Batches per API key in the real mesh: a gateway and a batch runner given two keys join it;
 a batch runs as the key that created it (its lines hit that key's prefix cache and no other
-key's), and the other key cannot see the batch or its output."""
+key's), and the other key cannot see the batch or its output; a batch sent straight over
+NATS with a key's id as its owner is that key's."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,7 +17,7 @@ import pytest
 from llm_mesh.embedded import free_port
 from tests.batch.polling import finished, wait_for
 from tests.faults.streams import poll
-from tests.mesh import Mesh, http_get
+from tests.mesh import REPO_ROOT, Mesh, http_get
 
 pytestmark = pytest.mark.slow
 
@@ -78,3 +81,20 @@ def test_a_batch_runs_as_its_key_and_stays_its_keys(keyed_url: str) -> None:
             with pytest.raises(openai.NotFoundError):
                 call()
         assert alpha.files.retrieve(alpha_batch.output_file_id).purpose == "batch_output"
+
+
+def test_a_batch_sent_over_nats_with_a_key_is_that_keys(mesh: Mesh, keyed_url: str) -> None:
+    assert mesh.nats is not None
+    done = subprocess.run(
+        [sys.executable, "examples/batch_over_nats.py", "--nats-url", mesh.nats.url,
+         "--namespace", mesh.namespace, "--count", "2", "--max-tokens", "2",
+         "--api-key", ALPHA], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "completed: 2 completed, 0 failed of 2" in done.stdout
+    batch_id = done.stdout.split()[1]   # "submitted <batch id> (2 requests)"
+    with client(keyed_url, ALPHA) as alpha, client(keyed_url, BETA) as beta:
+        batch = alpha.batches.retrieve(batch_id)
+        assert batch.status == "completed"
+        assert alpha.files.retrieve(batch.input_file_id).purpose == "batch"
+        with pytest.raises(openai.NotFoundError):
+            beta.batches.retrieve(batch_id)
