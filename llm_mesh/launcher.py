@@ -58,8 +58,9 @@ _MAX_RESTARTS_PER_MINUTE = 5
 @dataclass
 class UpSettings:
     nats_url: str = setting("", "Use this NATS server instead of starting one", secret=True)
-    redis_url: str = setting("", "Use this Redis for the kvstore's index instead of starting "
-                             "one (redis://:password@host:port/0)", secret=True)
+    redis_url: str = setting("", "Use this Redis for the kvstore's index and the rate limits' "
+                             "buckets instead of starting one "
+                             "(redis://:password@host:port/0)", secret=True)
     startup_timeout_s: float = setting(600.0, "Longest to wait for the mesh to be ready")
 
 

@@ -32,7 +32,8 @@ _OPEN_PATHS = {"/health", "/ready", "/version", "/metrics"}
 def create_app(ctx: GatewayContext, registry: CollectorRegistry) -> FastAPI:
     app = FastAPI(title="LLM Mesh", version=VERSION, docs_url=None, redoc_url=None)
     settings = ctx.settings
-    api_keys = ApiKeys.from_settings(settings)
+    api_keys = ApiKeys.from_settings(settings, settings.namespace)
+    app.state.api_keys = api_keys   # the service closes its Redis client at exit
 
     @app.middleware("http")
     async def authenticate(request: Request, call_next: Any) -> Response:

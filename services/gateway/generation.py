@@ -113,7 +113,7 @@ class GenerationRun:
         try:
             requests = self._generate_requests(plan)
             if tenant is not None:
-                tenant.charge(sum(r.sampling.max_tokens + len(r.prompt_token_ids) // 4
+                await tenant.charge(sum(r.sampling.max_tokens + len(r.prompt_token_ids) // 4
                                   for r in requests))
         except ApiError:
             await self._release_all()

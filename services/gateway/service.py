@@ -8,6 +8,7 @@ import contextlib
 from collections.abc import Iterator
 
 import uvicorn
+from fastapi import FastAPI
 
 from services.common import wire
 from services.common.metrics import GatewayMetrics
@@ -38,6 +39,7 @@ class GatewayService(Service):
         self.registry.register(EngineCollector(self.view))
         self.client: MeshClient | None = None
         self.server: _Server | None = None
+        self.app: FastAPI | None = None
         self._serving: asyncio.Task[None] | None = None
 
     async def setup(self) -> None:
@@ -49,9 +51,9 @@ class GatewayService(Service):
         await self.client.start()
         await bus.subscribe(self.subjects.heartbeat, wire.Heartbeat, self._on_heartbeat)
         asyncio.create_task(self._sweep_loop())
-        app = create_app(GatewayContext(self.settings, self.client, self.view, self.metrics),
-                         self.registry)
-        config = uvicorn.Config(app, host=self.settings.host, port=self.settings.port,
+        self.app = create_app(GatewayContext(self.settings, self.client, self.view,
+                                             self.metrics), self.registry)
+        config = uvicorn.Config(self.app, host=self.settings.host, port=self.settings.port,
                                 log_level="warning", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=int(self.settings.drain_timeout_s))
         self.server = _Server(config)
@@ -86,3 +88,7 @@ class GatewayService(Service):
         if self.server is not None and self._serving is not None:
             self.server.should_exit = True  # stop accepting; finish open requests
             await self._serving
+
+    async def close(self) -> None:
+        if self.app is not None:
+            await self.app.state.api_keys.close()

@@ -22,6 +22,10 @@ class TenantSettings:
     rate_limit_burst_tokens: int = setting(
         0, "Per API key: the token bucket's size, the most one burst may use (0: one "
         "minute's worth)")
+    redis_url: str = setting(
+        "", "Redis (or Valkey) URL holding the rate limits' token buckets, shared by every "
+        "gateway replica and batch runner on it (empty: each process has its own)",
+        secret=True)
 
 
 @dataclass

@@ -6,6 +6,7 @@ salt, its token bucket)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -30,18 +31,21 @@ class FakeMeshClient:
 
     gateway_id = "batch-test"
 
-    def __init__(self, refusals: int = 0) -> None:
+    def __init__(self, refusals: int = 0, retry_after_s: float = 1.0) -> None:
         self.refusals = refusals
+        self.retry_after_s = retry_after_s
         self.submitted: list[wire.GenerateRequest] = []
+        self.attempted_at: list[float] = []
 
     async def encode(self, request: wire.EncodeRequest) -> wire.EncodeReply:
         return wire.EncodeReply(token_ids=pack_int32([1, 2, 3]), tokenizer_id="tok-0")
 
     async def submit(self, engine: EngineView, request: wire.GenerateRequest, index: int,
                      queue: asyncio.Queue[TextDelta], **_: object) -> Generation:
+        self.attempted_at.append(time.monotonic())
         if self.refusals:
             self.refusals -= 1
-            raise unavailable("the engine's queue is full")
+            raise unavailable("the engine's queue is full", retry_after_s=self.retry_after_s)
         self.submitted.append(request)
         queue.put_nowait(TextDelta(index, "hi", 1, wire.FinishInfo(
             request_id=request.request_id, finish_reason=wire.FinishReason.STOP,
@@ -95,6 +99,24 @@ async def test_a_full_queue_is_retried_until_the_engine_takes_the_line() -> None
     client = FakeMeshClient(refusals=2)
     outcome = await executor(client).run(CHAT, chat(), None, never)
     assert outcome is not None and outcome.status_code == 200 and len(client.submitted) == 1
+
+
+async def test_a_retry_comes_no_sooner_than_the_refusals_retry_after() -> None:
+    client = FakeMeshClient(refusals=1, retry_after_s=0.8)   # longer than the first backoff
+    outcome = await executor(client).run(CHAT, chat(), None, never)
+    assert outcome is not None and outcome.status_code == 200
+    assert client.attempted_at[1] - client.attempted_at[0] >= 0.8
+
+
+async def test_a_long_retry_after_does_not_hold_up_a_drain() -> None:
+    client = FakeMeshClient(refusals=1, retry_after_s=3600.0)
+    stop = asyncio.Event()
+    line = asyncio.create_task(executor(client, retry_for_s=7200.0).run(
+        CHAT, chat(), None, stop.is_set))
+    while not client.attempted_at:   # refused once: now waiting out its Retry-After
+        await asyncio.sleep(0.01)
+    stop.set()
+    assert await asyncio.wait_for(line, timeout=5.0) is None
 
 
 async def test_retries_end_with_the_last_error_or_when_told_to_stop() -> None:

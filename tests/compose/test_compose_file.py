@@ -23,7 +23,9 @@ from tests.compose.model import (COMPOSE_DIR, DOCKERFILE, ENGINE2, MAIN, ROOT, V
 MODELS = {name: load(files, profiles) for name, (files, profiles) in VARIANTS.items()}
 ALL_MESH = [(variant, svc) for variant, model in MODELS.items() for svc in mesh_services(model)]
 IDS = [f"{variant}:{svc.name}" for variant, svc in ALL_MESH]
-INDEX_USERS = [(v, s) for v, s in ALL_MESH if s.kind in ("scheduler", "kvstore")]
+# The kvstore's index (schedulers, nodes) and the rate limits' buckets (gateway, batch).
+REDIS_USERS = [(v, s) for v, s in ALL_MESH
+               if s.kind in ("scheduler", "kvstore", "gateway", "batch")]
 _HEALTH_URL = re.compile(r"http://127\.0\.0\.1:(\d+)(/[a-z]+)")
 
 
@@ -113,10 +115,9 @@ def test_nats_url_points_at_the_nats_service(variant, svc, monkeypatch):
     assert svc.spec["depends_on"]["nats"]["condition"] == "service_healthy"
 
 
-@pytest.mark.parametrize(("variant", "svc"), INDEX_USERS,
-                         ids=[f"{v}:{s.name}" for v, s in INDEX_USERS])
-def test_kvstore_nodes_and_schedulers_share_the_password_protected_index(variant, svc,
-                                                                         monkeypatch):
+@pytest.mark.parametrize(("variant", "svc"), REDIS_USERS,
+                         ids=[f"{v}:{s.name}" for v, s in REDIS_USERS])
+def test_the_services_using_redis_share_the_password_protected_one(variant, svc, monkeypatch):
     url = urlsplit(svc.settings(monkeypatch).redis_url)
     redis = MODELS[variant]["services"]["redis"]
     assert (url.hostname, url.port) == ("redis", 6379)

@@ -16,7 +16,7 @@ from services.gateway.auth import ApiKeys, key_id
 from services.gateway.context import GatewayContext
 from services.gateway.errors import ApiError
 from services.gateway.mesh_view import MeshView
-from services.gateway.rate_limit import TokenBucket
+from services.gateway.rate_limit import Shortfall, TokenBucket
 from services.gateway.settings import GatewaySettings
 
 
@@ -43,12 +43,12 @@ def test_tenants_never_share_a_cache_salt_and_replicas_agree() -> None:
     assert "alpha-key" not in alpha.cache_salt("") + alpha.key_id
 
 
-def test_without_keys_the_api_is_open_and_client_salts_pass_through() -> None:
+async def test_without_keys_the_api_is_open_and_client_salts_pass_through() -> None:
     keys = ApiKeys([])
     tenant = keys.identify("")
     assert not keys.required and tenant is not None
     assert tenant.cache_salt("mine") == "mine" and tenant.cache_salt("") == ""
-    tenant.charge(10**9)   # no limit configured
+    await tenant.charge(10**9)   # no limit configured
 
 
 def test_a_tenant_is_found_by_its_key_id_as_by_its_key() -> None:
@@ -64,41 +64,42 @@ def test_a_tenant_is_found_by_its_key_id_as_by_its_key() -> None:
     assert open_api.by_key_id(alpha.key_id) is None
 
 
-def test_an_empty_bucket_answers_429_with_retry_after_and_a_huge_request_400() -> None:
+async def test_an_empty_bucket_answers_429_with_retry_after_and_a_huge_request_400() -> None:
     tenant = ApiKeys(["k"], tokens_per_minute=60, burst_tokens=100).identify("Bearer k")
     assert tenant is not None
-    tenant.charge(90)
+    await tenant.charge(90)
     with pytest.raises(ApiError) as refused:
-        tenant.charge(50)
+        await tenant.charge(50)
     assert refused.value.status == 429 and refused.value.code == "rate_limit_exceeded"
     assert refused.value.retry_after_s is not None and refused.value.retry_after_s >= 1
     with pytest.raises(ApiError) as too_big:
-        tenant.charge(101)
+        await tenant.charge(101)
     assert too_big.value.status == 400 and too_big.value.param == "max_tokens"
 
 
-def test_each_key_has_its_own_bucket() -> None:
+async def test_each_key_has_its_own_bucket() -> None:
     keys = ApiKeys(["a", "b"], tokens_per_minute=60, burst_tokens=10)
     a, b = keys.identify("Bearer a"), keys.identify("Bearer b")
     assert a is not None and b is not None
-    a.charge(10)
-    b.charge(10)   # a's spending leaves b's bucket full
+    await a.charge(10)
+    await b.charge(10)   # a's spending leaves b's bucket full
     with pytest.raises(ApiError):
-        a.charge(1)
+        await a.charge(1)
 
 
 def test_token_bucket_refills_at_its_rate_up_to_its_capacity() -> None:
     now = [0.0]
     bucket = TokenBucket(rate_per_s=2.0, capacity=10.0, clock=lambda: now[0])
     assert bucket.try_take(10) is None
-    assert bucket.try_take(4) == pytest.approx(2.0)   # 4 tokens at 2/s
+    assert bucket.try_take(4) == Shortfall(pytest.approx(2.0), 0.0)   # 4 tokens at 2/s
     now[0] = 1.5
-    assert bucket.try_take(4) == pytest.approx(0.5)   # 3 there, 1 more in 0.5 s
+    assert bucket.try_take(4) == Shortfall(pytest.approx(0.5), 3.0)   # 1 more in 0.5 s
     now[0] = 2.0
     assert bucket.try_take(4) is None and bucket.available == pytest.approx(0.0)
     now[0] = 100.0
     assert bucket.available == pytest.approx(10.0)    # capped
-    assert math.isinf(bucket.try_take(11))
+    short = bucket.try_take(11)
+    assert short is not None and math.isinf(short.wait_s)
 
 
 def test_only_admin_keys_may_call_admin_endpoints_when_keys_are_set() -> None:

@@ -6,8 +6,8 @@ exactly what the same body POSTed to the gateway answers — only at the batch's
 It runs as the batch owner's tenant, as that key's own request would: the tenant's
 prefix-cache salt, and its token bucket pays for the line.
 Failures the mesh may recover from (no engine ready, queue full, the key's rate limit, an
-engine or tokenizer lost mid-request) are retried with backoff; the rest become the line's
-error response.
+engine or tokenizer lost mid-request) are retried with backoff, never sooner than their
+Retry-After; the rest become the line's error response.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ HANDLERS: dict[str, tuple[type[ChatCompletionRequest] | type[CompletionRequest],
 RETRIABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
 FIRST_BACKOFF_S = 0.25
 MAX_BACKOFF_S = 5.0
+STOP_CHECK_S = 0.25
 
 
 @dataclass
@@ -70,12 +71,14 @@ class LineExecutor:
             except Exception as exc:  # noqa: BLE001 - NATS trouble; the line is retried
                 log.warning("batch line failed; retrying", error=str(exc) or type(exc).__name__)
                 error = ApiError(500, f"internal error: {exc}")
-            if error.status not in RETRIABLE_STATUSES or time.monotonic() + backoff > deadline:
+            # A refusal's Retry-After (a key's rate limit, a full queue) is when trying again
+            # can succeed: no sooner than that.
+            wait_s = max(backoff, error.retry_after_s or 0.0)
+            if error.status not in RETRIABLE_STATUSES or time.monotonic() + wait_s > deadline:
                 return LineOutcome(error.status, "", error.body())
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, MAX_BACKOFF_S)
-            if should_stop():
+            if await _stopped_while_waiting(wait_s, should_stop):
                 return None
+            backoff = min(backoff * 2, MAX_BACKOFF_S)
 
     async def _run_once(self, endpoint: str, body: dict[str, Any],
                         tenant: Tenant | None) -> LineOutcome:
@@ -94,6 +97,17 @@ class LineExecutor:
         response = await handler.respond(_detached_request(endpoint, tenant))
         return LineOutcome(response.status_code, handler.run.request_id,
                            json.loads(bytes(response.body)))
+
+
+async def _stopped_while_waiting(wait_s: float, should_stop: Callable[[], bool]) -> bool:
+    """Waits `wait_s`, looking at `should_stop` every STOP_CHECK_S so a drain is not held
+    up by a long Retry-After; True when it turned true."""
+    until = time.monotonic() + wait_s
+    while (left := until - time.monotonic()) > 0:
+        if should_stop():
+            return True
+        await asyncio.sleep(min(left, STOP_CHECK_S))
+    return should_stop()
 
 
 def _detached_request(path: str, tenant: Tenant | None) -> Request:

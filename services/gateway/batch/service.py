@@ -44,6 +44,7 @@ class BatchService(Service):
         self.metrics = GatewayMetrics(self.registry)
         self.client: MeshClient | None = None
         self.runner: JobRunner | None = None
+        self.api_keys: ApiKeys | None = None
         self.stop_jobs = asyncio.Event()
         self._jobs: JetStreamContext.PullSubscription | None = None
         self._consuming: asyncio.Task[None] | None = None
@@ -59,8 +60,9 @@ class BatchService(Service):
         store = await BatchStore.open(bus.client.jetstream(), self.subjects)
         ctx = GatewayContext(self._gateway_settings(), self.client, self.view, self.metrics)
         executor = LineExecutor(ctx, self.settings.batch_priority, self.settings.line_retry_s)
+        self.api_keys = ApiKeys.from_settings(self.settings, self.settings.namespace)
         self.runner = JobRunner(store, executor, self.settings.max_concurrent_lines,
-                                ApiKeys.from_settings(self.settings))
+                                self.api_keys)
         self._jobs = await store.job_subscription(self.settings.job_ack_wait_s)
         self._consuming = asyncio.create_task(self._consume())
 
@@ -144,6 +146,8 @@ class BatchService(Service):
     async def close(self) -> None:
         if self._sweeping is not None:
             self._sweeping.cancel()
+        if self.api_keys is not None:
+            await self.api_keys.close()
         if self._jobs is not None:
             # NOTE: an open pull subscription makes the bus's drain wait its whole timeout.
             await self._jobs.unsubscribe()
