@@ -65,20 +65,37 @@ class EmbeddedNats:
         login = f"{self._user}:{self._password}@" if self._user else ""
         return f"nats://{login}{self.host}:{self.port}"
 
+    def url_for(self, service_kind: str) -> str:
+        """The URL a service of this kind connects with (here one login serves all)."""
+        return self.url
+
     def start(self, timeout_s: float = 10.0) -> EmbeddedNats:
+        self.process = subprocess.Popen(
+            [nats_server_binary(), "-a", self.host, "-p", str(self.port), "-js",
+             "-sd", str(self._dir / "jetstream"), "-c", str(self._config()),
+             "-l", str(self.log_path), *self._extra_args()],
+            env=self._server_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for_port(self.host, self.port, timeout_s, self.process, "nats-server")
+        return self
+
+    def _config(self) -> Path:
         # max_payload needs a config file: nats-server has no flag for it.
         config = self._dir / "nats.conf"
         text = f"max_payload: {self._max_payload}\n"
         if self._user:
             text += f'authorization {{ user: "{self._user}", password: "{self._password}" }}\n'
         config.write_text(text)
-        self.process = subprocess.Popen(
-            [nats_server_binary(), "-a", self.host, "-p", str(self.port), "-js",
-             "-sd", str(self._dir / "jetstream"), "-c", str(config),
-             "-l", str(self._dir / "nats-server.log")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for_port(self.host, self.port, timeout_s, self.process, "nats-server")
-        return self
+        return config
+
+    def _extra_args(self) -> list[str]:
+        return []
+
+    def _server_env(self) -> dict[str, str] | None:
+        return None   # this process's environment
+
+    @property
+    def log_path(self) -> Path:
+        return self._dir / "nats-server.log"
 
     def stop(self) -> None:
         self._stop_process()

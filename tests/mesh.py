@@ -127,7 +127,7 @@ class Mesh:
 
     def _launch(self, name: str, own_args: list[str], kind: str = "") -> ServiceProcess:
         assert self.nats is not None
-        common = ["--nats-url", self.nats.url, "--namespace", self.namespace]
+        common = ["--nats-url", self.nats.url_for(kind or name), "--namespace", self.namespace]
         service = ServiceProcess(name, common + own_args + self.extra_args.get(name, []),
                                  self.workdir / f"{name}.log", free_port(), kind=kind)
         service.start({**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -102,16 +102,23 @@ def test_healthcheck_calls_the_services_own_health_port(variant, svc, monkeypatc
     assert settings.health_host in ("0.0.0.0", "127.0.0.1")
 
 
+# The NATS user of each kind of service (compose/nats/nats.conf: one per role).
+NATS_ROLES = {"gateway": "gateway", "batch": "batch", "tokenizer": "tokenizer",
+              "scheduler": "engine", "worker": "engine", "kvstore": "kvstore"}
+
+
 @pytest.mark.parametrize(("variant", "svc"), ALL_MESH, ids=IDS)
-def test_nats_url_points_at_the_nats_service(variant, svc, monkeypatch):
+def test_each_service_logs_in_to_the_nats_service_as_its_role(variant, svc, monkeypatch):
     settings = svc.settings(monkeypatch)
     nats = MODELS[variant]["services"]["nats"]
     conf = (COMPOSE_DIR / "nats" / "nats.conf").read_text()
     host, port, user, password = nats_url_parts(settings.nats_url)
     assert host == "nats"
     assert f"port: {port}\n" in conf
-    assert (user, password) == (nats["environment"]["NATS_USER"],
-                                nats["environment"]["NATS_PASSWORD"])
+    role = NATS_ROLES[svc.kind]
+    assert user == role
+    assert password == nats["environment"][f"NATS_{role.upper()}_PASSWORD"]
+    assert f"{{user: {role}, password: $NATS_{role.upper()}_PASSWORD," in conf
     assert svc.spec["depends_on"]["nats"]["condition"] == "service_healthy"
 
 
@@ -201,7 +208,8 @@ def test_nats_runs_the_mounted_config_with_jetstream_on_a_volume() -> None:
     assert mounts[store] in MODELS["default"]["volumes"]  # a named volume, not the container
     conf = (COMPOSE_DIR / "nats" / "nats.conf").read_text()
     assert "jetstream: enabled" in conf
-    assert "$NATS_USER" in conf and "$NATS_PASSWORD" in conf
+    # Every password the server reads is one the compose file gives it.
+    assert set(re.findall(r"\$(NATS_\w+_PASSWORD)", conf)) == set(nats["environment"])
     assert "js-enabled-only=true" in " ".join(nats["healthcheck"]["test"])
 
 

