@@ -40,7 +40,7 @@ def owner(api_key: str) -> str:
 
 async def main(args: argparse.Namespace) -> None:
     ns = args.namespace
-    client = await nats.connect(args.nats_url)
+    client = await nats.connect(args.nats_url, inbox_prefix=args.nats_inbox_prefix)
     js = client.jetstream()
 
     # 1. The input file: an object named by its file id; its description is the OpenAI
@@ -101,4 +101,6 @@ if __name__ == "__main__":
     parser.add_argument("--count", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--api-key", default="", help="run the batch as this API key")
+    parser.add_argument("--nats-inbox-prefix", default="_INBOX",
+                        help="where replies come (compose's `batch` user: _INBOX_batch)")
     asyncio.run(main(parser.parse_args()))

@@ -42,15 +42,18 @@ class Bus:
         self.client = client
 
     @classmethod
-    async def connect(cls, url: str, name: str, *, retry_for_s: float = 60.0) -> Bus:
-        """Connects, retrying while the server is not up yet (services may start first)."""
+    async def connect(cls, url: str, name: str, *, retry_for_s: float = 60.0,
+                      inbox_prefix: str = "_INBOX") -> Bus:
+        """Connects, retrying while the server is not up yet (services may start first).
+        Replies (to requests, JetStream calls, consumers) arrive on `inbox_prefix`.*."""
         deadline = asyncio.get_running_loop().time() + retry_for_s
         attempt = 0
         while True:
             try:
                 client = await nats.connect(
-                    url, name=name, allow_reconnect=True, max_reconnect_attempts=-1,
-                    reconnect_time_wait=0.5, connect_timeout=2, ping_interval=5,
+                    url, name=name, inbox_prefix=inbox_prefix, allow_reconnect=True,
+                    max_reconnect_attempts=-1, reconnect_time_wait=0.5, connect_timeout=2,
+                    ping_interval=5,
                     max_outstanding_pings=2, error_cb=_on_error,
                     disconnected_cb=_on_disconnected, reconnected_cb=_on_reconnected)
                 return cls(client)

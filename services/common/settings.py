@@ -40,6 +40,10 @@ class CommonSettings:
                             "nats://user:pass@host:port)", secret=True)
     namespace: str = setting("mesh", "Subject namespace; meshes sharing one NATS server need "
                              "distinct namespaces")
+    nats_inbox_prefix: str = setting(
+        "_INBOX", "Prefix of the subjects this service receives replies on; give each NATS "
+        "user its own, and let it subscribe only to that, so no service reads another's "
+        "replies")
     instance_id: str = setting("", "This instance's id (default: <service>-<random>)")
     health_host: str = setting("127.0.0.1", "Bind address of /health, /ready and /metrics")
     health_port: int = setting(0, "Port of /health, /ready and /metrics (0: any free port)")

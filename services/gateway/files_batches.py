@@ -61,7 +61,8 @@ class BatchPlane:
             if self._store is None:
                 try:
                     bus = await Bus.connect(self._settings.nats_url, self._connection_name,
-                                            retry_for_s=5.0)
+                                            retry_for_s=5.0,
+                                            inbox_prefix=self._settings.nats_inbox_prefix)
                     self._store = await BatchStore.open(bus.client.jetstream(),
                                                         Subjects(self._settings.namespace))
                 except (BusError, nats.errors.Error) as exc:

@@ -20,8 +20,8 @@ class ComposeNats(EmbeddedNats):
     def __init__(self) -> None:
         super().__init__()
         self.monitor_port = free_port()
-        self._urls = {s.kind: s.environment["LLM_MESH_NATS_URL"]
-                      for s in mesh_services({"services": SERVICES})}
+        self._environments = {service.kind: service.environment
+                              for service in mesh_services({"services": SERVICES})}
 
     @property
     def url(self) -> str:
@@ -29,7 +29,17 @@ class ComposeNats(EmbeddedNats):
 
     def url_for(self, service_kind: str) -> str:
         """The compose service's own NATS URL, pointed at this server."""
-        return self._urls[service_kind].replace("@nats:4222", f"@{self.host}:{self.port}")
+        url = self._environments[service_kind]["LLM_MESH_NATS_URL"]
+        return url.replace("@nats:4222", f"@{self.host}:{self.port}")
+
+    def inbox_prefix_for(self, service_kind: str) -> str:
+        """Where the compose service gets its replies: the only inbox its user may read."""
+        return self._environments[service_kind]["LLM_MESH_NATS_INBOX_PREFIX"]
+
+    def service_args(self, service_names: list[str]) -> dict[str, list[str]]:
+        """Each service's --nats-inbox-prefix, as Mesh.extra_args (names are kinds)."""
+        return {name: ["--nats-inbox-prefix", self.inbox_prefix_for(name)]
+                for name in service_names}
 
     def permission_violations(self) -> list[str]:
         """What the server refused so far: it logs each refused publish and subscribe as a

@@ -119,6 +119,8 @@ def test_each_service_logs_in_to_the_nats_service_as_its_role(variant, svc, monk
     assert user == role
     assert password == nats["environment"][f"NATS_{role.upper()}_PASSWORD"]
     assert f"{{user: {role}, password: $NATS_{role.upper()}_PASSWORD," in conf
+    # Replies come to the role's own inbox, the only one its user may read.
+    assert settings.nats_inbox_prefix == f"_INBOX_{role}"
     assert svc.spec["depends_on"]["nats"]["condition"] == "service_healthy"
 
 

@@ -45,7 +45,8 @@ async def test_nats_config_enables_auth_and_jetstream(compose_nats: ComposeNats)
         assert client.max_payload == 8 * 1024 * 1024
         await client.close()
     client = await nats.connect(compose_nats.url_for("gateway"), connect_timeout=2,
-                                allow_reconnect=False)
+                                allow_reconnect=False,
+                                inbox_prefix=compose_nats.inbox_prefix_for("gateway"))
     try:
         assert await client.jetstream().account_info() is not None
     finally:
@@ -62,15 +63,18 @@ async def test_nats_config_enables_auth_and_jetstream(compose_nats: ComposeNats)
             await refused_client.close()
 
 
-async def refusals(url: str, action: Callable[[nats.NATS], Awaitable[object]]) -> list[str]:
-    """What the server answers `action` with, as the user of `url`: its async errors, or
-    the error the call raised (a JetStream call nobody may answer times out)."""
+async def refusals(server: ComposeNats, kind: str,
+                   action: Callable[[nats.NATS], Awaitable[object]]) -> list[str]:
+    """What the server answers `action` with, as the compose service of `kind` connects:
+    its async errors, or the error the call raised (a JetStream call nobody may answer
+    times out)."""
     errors: list[str] = []
 
     async def on_error(exc: Exception) -> None:
         errors.append(str(exc))
 
-    connection = await nats.connect(url, error_cb=on_error)
+    connection = await nats.connect(server.url_for(kind), error_cb=on_error,
+                                    inbox_prefix=server.inbox_prefix_for(kind))
     try:
         await action(connection)
         await connection.flush()
@@ -99,16 +103,29 @@ async def test_each_nats_role_is_refused_what_is_not_its_own(
     async def publish_step_output(c: nats.NATS) -> None:
         await c.publish("mesh.tokenizer.tok-1.deltas", b"")
 
+    async def read_every_reply(c: nats.NATS) -> None:
+        await c.subscribe("_INBOX.>")
+
+    async def read_gateway_replies(c: nats.NATS) -> None:
+        await c.subscribe("_INBOX_gateway.>")
+
+    async def open_batch_records(c: nats.NATS) -> None:
+        await c.jetstream(timeout=1.0).create_key_value(bucket="mesh-batches")
+
     for kind, action in (("tokenizer", submit), ("tokenizer", listen_to_submits),
                          ("tokenizer", read_batch_files), ("scheduler", read_batch_files),
                          ("worker", read_batch_files), ("kvstore", publish_step_output),
-                         ("gateway", publish_step_output), ("batch", listen_to_submits)):
-        assert await refusals(compose_nats.url_for(kind), action), \
+                         ("gateway", publish_step_output), ("batch", listen_to_submits),
+                         ("scheduler", read_every_reply), ("batch", read_gateway_replies),
+                         ("kvstore", read_gateway_replies)):
+        assert await refusals(compose_nats, kind, action), \
             f"{kind} was allowed to {action.__name__}"
     # The same calls as the role that owns them pass.
-    assert await refusals(compose_nats.url_for("gateway"), submit) == []
-    assert await refusals(compose_nats.url_for("scheduler"), listen_to_submits) == []
-    assert await refusals(compose_nats.url_for("worker"), publish_step_output) == []
+    assert await refusals(compose_nats, "gateway", submit) == []
+    assert await refusals(compose_nats, "gateway", read_gateway_replies) == []
+    assert await refusals(compose_nats, "batch", open_batch_records) == []
+    assert await refusals(compose_nats, "scheduler", listen_to_submits) == []
+    assert await refusals(compose_nats, "worker", publish_step_output) == []
     assert compose_nats.permission_violations()   # the server logged what it refused
 
 

@@ -26,8 +26,10 @@ CHAT = "/v1/chat/completions"
 @pytest.fixture(scope="module")
 def role_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     # compose/nats/nats.conf names the default namespace's subjects.
-    mesh = Mesh(Path(tmp_path_factory.mktemp("roles")), nats=ComposeNats(), namespace="mesh",
-                with_kvstore=True)
+    nats_server = ComposeNats()
+    kinds = ["gateway", "tokenizer", "scheduler", "worker", "kvstore", "batch"]
+    mesh = Mesh(Path(tmp_path_factory.mktemp("roles")), nats=nats_server, namespace="mesh",
+                with_kvstore=True, extra_args=nats_server.service_args(kinds))
     with serving(mesh, then=lambda m: m.add_service("batch")) as running:
         yield running
 
@@ -63,7 +65,8 @@ def test_every_role_serves_its_part_and_nothing_is_refused(role_mesh: Mesh,
         assert client.files.content(batch.output_file_id).text.count("\n") == 1
 
     async def kv_events_stored() -> int:
-        connection = await nats.connect(compose_nats.url_for("kvstore"))
+        connection = await nats.connect(compose_nats.url_for("kvstore"),
+                                        inbox_prefix=compose_nats.inbox_prefix_for("kvstore"))
         try:
             info = await connection.jetstream().stream_info("mesh-kv-events")
             return info.state.messages
