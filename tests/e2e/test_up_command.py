@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from llm_mesh.embedded import free_port
+from tests.faults.streams import poll
 from tests.mesh import REPO_ROOT, ENGINE_ARGS, http_get, http_post
 
 pytestmark = pytest.mark.slow
@@ -49,7 +50,10 @@ def test_up_serves_then_stops_every_process(tmp_path: Path) -> None:
                                  {"model": "SmolLM2-135M-Instruct", "prompt": "Hello",
                                   "max_tokens": 4, "temperature": 0})
         assert status == 200 and body["usage"]["completion_tokens"] >= 1
-        assert b'"mesh ready"' in (tmp_path / "up.log").read_bytes()
+        # The launcher says so once its own readiness poll sees the mesh (which may come
+        # after the gateway already answers).
+        poll(lambda: b'"mesh ready"' in (tmp_path / "up.log").read_bytes(), 30,
+             "the launcher to log that the mesh is ready")
     finally:
         launcher.send_signal(signal.SIGTERM)
         code = launcher.wait(timeout=60)
