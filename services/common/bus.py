@@ -8,6 +8,8 @@ receive parsed messages. A handler's exception is logged and never kills the sub
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -18,6 +20,8 @@ import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+
+from services.common.settings import CommonSettings
 
 log = structlog.get_logger(__name__)
 
@@ -42,29 +46,38 @@ class Bus:
         self.client = client
 
     @classmethod
+    async def for_settings(cls, settings: CommonSettings, name: str, *,
+                           retry_for_s: float = 60.0) -> Bus:
+        """Connects as a service's settings say: URL, TLS and inbox prefix."""
+        return await cls.connect(settings.nats_url, name, retry_for_s=retry_for_s,
+                                 inbox_prefix=settings.nats_inbox_prefix,
+                                 tls=tls_context(settings))
+
+    @classmethod
     async def connect(cls, url: str, name: str, *, retry_for_s: float = 60.0,
-                      inbox_prefix: str = "_INBOX") -> Bus:
-        """Connects, retrying while the server is not up yet (services may start first).
-        Replies (to requests, JetStream calls, consumers) arrive on `inbox_prefix`.*."""
-        deadline = asyncio.get_running_loop().time() + retry_for_s
-        attempt = 0
-        while True:
-            try:
-                client = await nats.connect(
-                    url, name=name, inbox_prefix=inbox_prefix, allow_reconnect=True,
-                    max_reconnect_attempts=-1, reconnect_time_wait=0.5, connect_timeout=2,
-                    ping_interval=5,
-                    max_outstanding_pings=2, error_cb=_on_error,
-                    disconnected_cb=_on_disconnected, reconnected_cb=_on_reconnected)
-                return cls(client)
-            except (OSError, nats.errors.Error, asyncio.TimeoutError) as exc:
-                attempt += 1
-                if asyncio.get_running_loop().time() > deadline:
-                    raise BusError(f"cannot reach NATS at {_safe_url(url)}: {exc}; start "
-                                   f"nats-server or pass --nats-url") from exc
-                if attempt == 1 or attempt % 10 == 0:
-                    log.info("waiting for NATS", url=_safe_url(url), error=str(exc))
-                await asyncio.sleep(0.5)
+                      inbox_prefix: str = "_INBOX", tls: ssl.SSLContext | None = None) -> Bus:
+        """Connects, retrying while the server is not up yet (services may start first);
+        BusError with the last failure after `retry_for_s`. Replies (to requests, JetStream
+        calls, consumers) arrive on `inbox_prefix`.*."""
+        client = nats.NATS()
+        try:
+            # NOTE: with reconnects on, nats-py retries a failing first connect forever: the
+            # deadline is ours.
+            await asyncio.wait_for(client.connect(
+                url, name=name, inbox_prefix=inbox_prefix, tls=tls, allow_reconnect=True,
+                max_reconnect_attempts=-1, reconnect_time_wait=0.5, connect_timeout=2,
+                ping_interval=5, max_outstanding_pings=2, error_cb=_on_error,
+                disconnected_cb=_on_disconnected, reconnected_cb=_on_reconnected),
+                timeout=retry_for_s)
+        except (OSError, nats.errors.Error, asyncio.TimeoutError) as exc:
+            reason = client.last_error or exc
+            with contextlib.suppress(Exception):
+                await client.close()
+            raise BusError(f"cannot reach NATS at {_safe_url(url)} within {retry_for_s:.0f} s: "
+                           f"{str(reason) or type(reason).__name__}; start nats-server, or "
+                           f"check --nats-url, its credentials and the --nats-tls-* files"
+                           ) from exc
+        return cls(client)
 
     @property
     def is_connected(self) -> bool:
@@ -144,3 +157,21 @@ async def _on_disconnected() -> None:
 
 async def _on_reconnected() -> None:
     log.info("NATS reconnected")
+
+
+def tls_context(settings: CommonSettings) -> ssl.SSLContext | None:
+    """TLS to NATS when the settings ask for it (a CA file, a client certificate or a tls://
+    URL): verifies the server against the CA file (else the system's CAs) and presents the
+    client certificate if one is given."""
+    if not (settings.nats_tls_ca_file or settings.nats_tls_cert_file
+            or settings.nats_url.startswith("tls://")):
+        return None
+    try:
+        context = ssl.create_default_context(cafile=settings.nats_tls_ca_file or None)
+        if settings.nats_tls_cert_file:
+            context.load_cert_chain(settings.nats_tls_cert_file,
+                                    settings.nats_tls_key_file or None)
+    except (OSError, ssl.SSLError) as exc:
+        raise BusError(f"cannot set up TLS to NATS: {exc} (check --nats-tls-ca-file, "
+                       f"--nats-tls-cert-file and --nats-tls-key-file)") from exc
+    return context

@@ -88,8 +88,7 @@ class Service(ABC):
                                    self.is_ready, self.registry)
         port = await self.health.start()
         self.log.info("health server listening", url=f"http://{self.settings.health_host}:{port}")
-        self.bus = await Bus.connect(self.settings.nats_url, name=self.instance_id,
-                                     inbox_prefix=self.settings.nats_inbox_prefix)
+        self.bus = await Bus.for_settings(self.settings, name=self.instance_id)
         heartbeat = asyncio.create_task(self._heartbeat_loop())
         try:
             setup = asyncio.create_task(self.setup())

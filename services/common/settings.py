@@ -40,6 +40,12 @@ class CommonSettings:
                             "nats://user:pass@host:port)", secret=True)
     namespace: str = setting("mesh", "Subject namespace; meshes sharing one NATS server need "
                              "distinct namespaces")
+    nats_tls_ca_file: str = setting(
+        "", "CA bundle (PEM) that signed the NATS server's certificate: connects over TLS "
+        "(a tls:// URL without it trusts the system's CAs)")
+    nats_tls_cert_file: str = setting(
+        "", "This service's client certificate (PEM) for a NATS server that verifies clients")
+    nats_tls_key_file: str = setting("", "The client certificate's private key (PEM)")
     nats_inbox_prefix: str = setting(
         "_INBOX", "Prefix of the subjects this service receives replies on; give each NATS "
         "user its own, and let it subscribe only to that, so no service reads another's "

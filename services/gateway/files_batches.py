@@ -60,9 +60,8 @@ class BatchPlane:
         async with self._lock:
             if self._store is None:
                 try:
-                    bus = await Bus.connect(self._settings.nats_url, self._connection_name,
-                                            retry_for_s=5.0,
-                                            inbox_prefix=self._settings.nats_inbox_prefix)
+                    bus = await Bus.for_settings(self._settings, self._connection_name,
+                                                 retry_for_s=5.0)
                     self._store = await BatchStore.open(bus.client.jetstream(),
                                                         Subjects(self._settings.namespace))
                 except (BusError, nats.errors.Error) as exc:
