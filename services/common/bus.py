@@ -47,8 +47,11 @@ class Bus:
 
     @classmethod
     async def for_settings(cls, settings: CommonSettings, name: str, *,
-                           retry_for_s: float = 60.0) -> Bus:
-        """Connects as a service's settings say: URL, TLS and inbox prefix."""
+                           retry_for_s: float | None = None) -> Bus:
+        """Connects as a service's settings say: URL, TLS, inbox prefix and how long to
+        wait (unless `retry_for_s` says otherwise)."""
+        if retry_for_s is None:
+            retry_for_s = settings.nats_connect_timeout_s
         return await cls.connect(settings.nats_url, name, retry_for_s=retry_for_s,
                                  inbox_prefix=settings.nats_inbox_prefix,
                                  tls=tls_context(settings))

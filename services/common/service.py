@@ -20,7 +20,7 @@ import uvloop
 from prometheus_client import CollectorRegistry
 
 from services.common import wire
-from services.common.bus import Bus
+from services.common.bus import Bus, BusError
 from services.common.health import HealthServer
 from services.common.logs import configure_logging
 from services.common.settings import CommonSettings, public_view
@@ -134,4 +134,8 @@ class Service(ABC):
 
 
 def run_service(service: Service) -> None:
-    uvloop.run(service.run())
+    try:
+        uvloop.run(service.run())
+    except BusError as exc:   # NATS unreachable at start: say why in one line, exit non-zero
+        service.log.error("cannot join the mesh", error=str(exc))
+        raise SystemExit(1) from None

@@ -40,6 +40,8 @@ class CommonSettings:
                             "nats://user:pass@host:port)", secret=True)
     namespace: str = setting("mesh", "Subject namespace; meshes sharing one NATS server need "
                              "distinct namespaces")
+    nats_connect_timeout_s: float = setting(
+        60.0, "How long to wait for NATS at start-up before exiting with the reason")
     nats_tls_ca_file: str = setting(
         "", "CA bundle (PEM) that signed the NATS server's certificate: connects over TLS "
         "(a tls:// URL without it trusts the system's CAs)")

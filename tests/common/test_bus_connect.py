@@ -1,14 +1,20 @@
 """Connecting to NATS as a service does: it waits for a server that is not up yet, and gives
-up with an error that names the address when none comes within its deadline."""
+up with an error that names the address when none comes within its deadline; a service
+process then exits with that reason in one log line."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from llm_mesh.embedded import EmbeddedNats, free_port
 from services.common.bus import Bus, BusError
+from tests.mesh import REPO_ROOT
 
 
 async def test_a_service_waits_for_nats_to_come_up() -> None:
@@ -32,3 +38,16 @@ async def test_without_a_server_connecting_fails_at_its_deadline_with_the_addres
     message = str(refused.value)
     assert f"127.0.0.1:{port}" in message and "within 1 s" in message
     assert "secret" not in message   # credentials stay out of errors and logs
+
+
+def test_a_service_that_cannot_reach_nats_exits_with_the_reason(tmp_path: Path) -> None:
+    port = free_port()
+    done = subprocess.run(
+        [sys.executable, "-m", "services.tokenizer", "--nats-url", f"nats://127.0.0.1:{port}",
+         "--nats-connect-timeout-s", "1", "--log-format", "json"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    [line] = [json.loads(x) for x in done.stdout.splitlines() + done.stderr.splitlines()
+              if '"cannot join the mesh"' in x]
+    assert f"127.0.0.1:{port}" in line["error"] and line["level"] == "error"
+    assert "Traceback" not in done.stderr
