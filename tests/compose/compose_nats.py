@@ -17,9 +17,10 @@ NATS_CONF = COMPOSE_DIR / "nats" / "nats.conf"
 class ComposeNats(EmbeddedNats):
     """The compose NATS on free loopback ports (flags override the file's ports and store)."""
 
-    def __init__(self) -> None:
+    def __init__(self, config: Path = NATS_CONF) -> None:
         super().__init__()
         self.monitor_port = free_port()
+        self._config_file = config
         self._environments = {service.kind: service.environment
                               for service in mesh_services({"services": SERVICES})}
 
@@ -50,7 +51,7 @@ class ComposeNats(EmbeddedNats):
                 if " Violation - " in line]
 
     def _config(self) -> Path:
-        return NATS_CONF
+        return self._config_file
 
     def _extra_args(self) -> list[str]:
         return ["-m", str(self.monitor_port)]

@@ -30,13 +30,16 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_DIR = ROOT / "compose"
 MAIN = COMPOSE_DIR / "docker-compose.yml"
 ENGINE2 = COMPOSE_DIR / "docker-compose.engine2.yml"
+TLS = COMPOSE_DIR / "docker-compose.tls.yml"
 DOCKERFILE = COMPOSE_DIR / "Dockerfile"
 
-# Every combination a user runs: the default, the GPU profile, a second engine.
+# Every combination a user runs: the default, the GPU profile, a second engine, NATS over
+# TLS (with the GPU profile, so every service it changes is in).
 VARIANTS: dict[str, tuple[tuple[Path, ...], tuple[str, ...]]] = {
     "default": ((MAIN,), ()),
     "gpu": ((MAIN,), ("gpu",)),
     "engine2": ((MAIN, ENGINE2), ()),
+    "tls": ((MAIN, TLS), ("gpu",)),
 }
 
 _VAR = re.compile(r"\$(?:\$|\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?)([-?])([^}]*))?\})")

