@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Throwaway certificates for NATS over TLS under compose (docs/operations.md): a CA, a
-# server certificate for the `nats` service (and localhost), and one client certificate
-# every service presents. For a first try only: use your own PKI in production.
+# Throwaway certificates for TLS under compose (docs/operations.md): a CA, a server
+# certificate for the `nats` and `kvstore` services (and localhost), and one client
+# certificate every service presents. For a first try only: use your own PKI in production.
 #   scripts/make_dev_certs.sh [directory, default compose/tls]
 set -euo pipefail
 out="${1:-$(dirname "$0")/../compose/tls}"
@@ -21,7 +21,7 @@ issue() {  # name, subject CN, extensions
         -days "$days" -extfile "$1.ext" -out "$1.pem" 2>/dev/null
     rm -f "$1.csr" "$1.ext"
 }
-issue server nats "subjectAltName=DNS:nats,DNS:localhost,IP:127.0.0.1
+issue server nats "subjectAltName=DNS:nats,DNS:kvstore,DNS:localhost,IP:127.0.0.1
 extendedKeyUsage=serverAuth"
 issue client llm-mesh-service "extendedKeyUsage=clientAuth"
 rm -f ca.srl

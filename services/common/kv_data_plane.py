@@ -1,20 +1,71 @@
 """The kvstore's gRPC data plane, shared by its server (services/kvstore) and its clients
-(workers): connection settings, the block checksum, and one fix to the HTTP/2 stack.
+(workers): connection settings, mutual TLS, the block checksum, and one fix to the HTTP/2
+stack.
 
 KV block payloads are large (SmolLM2 in fp32: 720 KiB per 16-token block) and travel only
-here, never on NATS.
+here, never on NATS. They are derived from prompts, so off a trusted host the plane runs
+over mutual TLS: nodes serve only workers whose certificate the CA signed, and workers send
+blocks only to nodes it signed.
 """
 
 from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass
 
 import hyperframe.frame
 import xxhash
 from grpclib.config import Configuration
 
+from services.common.settings import setting
+
 # NOTE: HTTP/2 flow-control windows well above one request's blocks (a 2,000-token prompt is
 # ~90 MiB in fp32), so a stream is never throttled by window updates on loopback or a LAN.
 GRPC_CONFIG = Configuration(http2_connection_window_size=256 * 1024 * 1024,
                             http2_stream_window_size=256 * 1024 * 1024)
+
+
+@dataclass
+class KVTLSSettings:
+    """Mutual TLS on the data plane: kvstore nodes and workers take the same three flags."""
+    kv_tls_ca_file: str = setting(
+        "", "CA (PEM) of the kvstore data plane's mutual TLS: nodes accept only workers "
+        "with a certificate it signed, workers only nodes (empty: plain TCP)")
+    kv_tls_cert_file: str = setting("", "This process's certificate (PEM) on the kvstore "
+                                    "data plane (a node's must name its advertised host)")
+    kv_tls_key_file: str = setting("", "The data-plane certificate's private key (PEM)")
+
+
+def server_tls(settings: KVTLSSettings) -> ssl.SSLContext | None:
+    """A node's TLS: its certificate, and client certificates required from the CA."""
+    if not settings.kv_tls_cert_file:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    _load(context, settings)
+    if settings.kv_tls_ca_file:
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def client_tls(settings: KVTLSSettings) -> ssl.SSLContext | None:
+    """A worker's TLS: nodes verified against the CA, its own certificate presented."""
+    if not settings.kv_tls_ca_file:
+        return None
+    context = ssl.create_default_context()
+    _load(context, settings)
+    return context
+
+
+def _load(context: ssl.SSLContext, settings: KVTLSSettings) -> None:
+    context.set_alpn_protocols(["h2"])   # gRPC is HTTP/2
+    try:
+        if settings.kv_tls_ca_file:
+            context.load_verify_locations(settings.kv_tls_ca_file)
+        if settings.kv_tls_cert_file:
+            context.load_cert_chain(settings.kv_tls_cert_file, settings.kv_tls_key_file or None)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"cannot set up the kvstore data plane's TLS: {exc} (check "
+                         f"--kv-tls-ca-file, --kv-tls-cert-file and --kv-tls-key-file)") from exc
 
 
 def block_checksum(data: bytes | memoryview) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from grpclib.server import Server
 
-from services.common.kv_data_plane import GRPC_CONFIG
+from services.common.kv_data_plane import GRPC_CONFIG, server_tls
 from services.common.kv_event_stream import KVEventPublisher
 from services.common.kv_index import KVIndex
 from services.common.metrics import KVStoreMetrics
@@ -54,11 +54,14 @@ class KVStoreService(Service):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((s.grpc_host, s.grpc_port))
         self.server = Server([self.servicer], config=GRPC_CONFIG)
-        await self.server.start(sock=sock)
+        tls = server_tls(s)
+        await self.server.start(sock=sock, ssl=tls)
         self.address = s.advertise_address or f"{s.grpc_host}:{sock.getsockname()[1]}"
         await self._adopt_disk_blocks()
         self._tasks.append(asyncio.create_task(self._keep_registered()))
-        self.log.info("kvstore serving", address=self.address, cpu_bytes=s.kv_cpu_bytes,
+        self.log.info("kvstore serving", address=self.address, tls=tls is not None,
+                      mutual_tls=tls is not None and bool(s.kv_tls_ca_file),
+                      cpu_bytes=s.kv_cpu_bytes,
                       disk_dir=s.kv_disk_dir or None, index=bool(self.index))
 
     def readiness(self) -> tuple[bool, str]:

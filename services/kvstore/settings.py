@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.common.kv_data_plane import KVTLSSettings
 from services.common.kv_index import KVIndexSettings
 from services.common.settings import CommonSettings, setting
 
 
 @dataclass
-class KVStoreSettings(CommonSettings, KVIndexSettings):
+class KVStoreSettings(CommonSettings, KVIndexSettings, KVTLSSettings):
     grpc_host: str = setting("127.0.0.1", "Bind address of the gRPC data plane")
     grpc_port: int = setting(0, "Port of the gRPC data plane (0: any free port)")
     advertise_address: str = setting("", "host:port workers use to reach this node (default: "

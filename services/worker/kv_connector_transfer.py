@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import queue
+import ssl
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -45,12 +46,14 @@ class SaveResult:
 
 class KVTransferThread:
     def __init__(self, fingerprint: str, block_bytes: int, load_timeout_s: float,
-                 save_timeout_s: float, save_buffer_bytes: int) -> None:
+                 save_timeout_s: float, save_buffer_bytes: int,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.fingerprint = fingerprint
         self.block_bytes = block_bytes
         self.load_timeout_s = load_timeout_s
         self.save_timeout_s = save_timeout_s
         self.save_buffer_bytes = save_buffer_bytes
+        self.tls = tls   # the data plane's mutual TLS (kv_data_plane.client_tls)
         self.results: queue.SimpleQueue[LoadResult | SaveResult] = queue.SimpleQueue()
         self.has_results = threading.Event()
         self._save_bytes_in_flight = 0     # touched by the caller's thread only
@@ -157,7 +160,7 @@ class KVTransferThread:
         channel = self._channels.get(node)
         if channel is None:
             host, _, port = node.rpartition(":")
-            channel = Channel(host.strip("[]"), int(port), config=GRPC_CONFIG)
+            channel = Channel(host.strip("[]"), int(port), ssl=self.tls, config=GRPC_CONFIG)
             self._channels[node] = channel
         return channel
 

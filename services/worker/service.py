@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from services.common import wire
+from services.common.kv_data_plane import client_tls
 from services.common.model_files import resolve_model
 from services.common.packing import pack_int32
 from services.common.service import Service
@@ -61,7 +62,7 @@ class WorkerService(Service):
         s = self.settings
         transfer = KVTransferThread(runner.kv_fingerprint, runner.kv_spec.bytes_per_block,
                                     s.kv_load_timeout_s, s.kv_save_timeout_s,
-                                    s.kv_save_buffer_bytes)
+                                    s.kv_save_buffer_bytes, tls=client_tls(s))
         return WorkerKVConnector(runner.kv_caches, runner.kv_spec, runner.device, transfer)
 
     def worker_info(self) -> wire.WorkerInfo:

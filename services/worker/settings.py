@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.common.kv_data_plane import KVTLSSettings
 from services.common.settings import CommonSettings, EngineSettings, setting
 
 
 @dataclass
-class WorkerSettings(CommonSettings, EngineSettings):
+class WorkerSettings(CommonSettings, EngineSettings, KVTLSSettings):
     dtype: str = setting("float32", "Weights and activations dtype",
                          choices=("float32", "bfloat16", "float16"))
     kv_cache_dtype: str = setting("auto", "KV cache dtype (fp8: e4m3 with scales, half the "

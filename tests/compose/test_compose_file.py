@@ -217,6 +217,7 @@ def test_nats_runs_the_mounted_config_with_jetstream_on_a_volume() -> None:
 
 
 def test_the_tls_overlay_gives_every_service_the_certificates_it_mounts(monkeypatch) -> None:
+    assert "DNS:kvstore" in (ROOT / "scripts" / "make_dev_certs.sh").read_text()
     model = MODELS["tls"]
     nats = model["services"]["nats"]
     command = nats["command"]
@@ -231,8 +232,14 @@ def test_the_tls_overlay_gives_every_service_the_certificates_it_mounts(monkeypa
     for svc in mesh_services(model):
         settings = svc.settings(monkeypatch)
         service_mounts = {m.split(":")[1]: m.split(":")[0] for m in svc.spec["volumes"]}
-        for path in (settings.nats_tls_ca_file, settings.nats_tls_cert_file,
-                     settings.nats_tls_key_file):
+        paths = [settings.nats_tls_ca_file, settings.nats_tls_cert_file,
+                 settings.nats_tls_key_file]
+        if svc.kind in ("worker", "kvstore"):   # the data plane's mutual TLS, both ends
+            paths += [settings.kv_tls_ca_file, settings.kv_tls_cert_file,
+                      settings.kv_tls_key_file]
+            assert settings.kv_tls_cert_file.endswith(
+                "server.pem" if svc.kind == "kvstore" else "client.pem"), svc.name
+        for path in paths:
             assert service_mounts[str(Path(path).parent)] == "./tls", (svc.name, path)
         assert service_mounts["/cache"] == "model-cache", svc.name
     assert mesh_services(model), "no service in the TLS variant"

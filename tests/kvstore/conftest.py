@@ -4,6 +4,7 @@ kvstore servicer on a loopback gRPC port inside the test's event loop."""
 from __future__ import annotations
 
 import socket
+import ssl
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -32,7 +33,8 @@ def redis_server() -> Iterator[EmbeddedRedis]:
 @asynccontextmanager
 async def running_servicer(cpu_bytes: int, node_id: str = "node-a",
                            index: KVIndex | None = None, disk_dir: Path | None = None,
-                           disk_bytes: int = 0) -> AsyncIterator[tuple[KVStoreServicer, str]]:
+                           disk_bytes: int = 0, tls: ssl.SSLContext | None = None
+                           ) -> AsyncIterator[tuple[KVStoreServicer, str]]:
     """A servicer serving gRPC on loopback; yields it and its host:port."""
     disk = DiskTier(disk_dir, disk_bytes) if disk_dir is not None else None
     servicer = KVStoreServicer(BlockStore(cpu_bytes, disk), node_id,
@@ -40,7 +42,7 @@ async def running_servicer(cpu_bytes: int, node_id: str = "node-a",
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = Server([servicer], config=GRPC_CONFIG)
-    await server.start(sock=sock)
+    await server.start(sock=sock, ssl=tls)
     try:
         yield servicer, f"127.0.0.1:{sock.getsockname()[1]}"
     finally:
@@ -49,9 +51,10 @@ async def running_servicer(cpu_bytes: int, node_id: str = "node-a",
 
 
 @asynccontextmanager
-async def stub_for(address: str) -> AsyncIterator[wire.KvStoreStub]:
+async def stub_for(address: str,
+                   tls: ssl.SSLContext | None = None) -> AsyncIterator[wire.KvStoreStub]:
     host, port = address.rsplit(":", 1)
-    channel = Channel(host, int(port), config=GRPC_CONFIG)
+    channel = Channel(host, int(port), ssl=tls, config=GRPC_CONFIG)
     try:
         yield wire.KvStoreStub(channel)
     finally:
