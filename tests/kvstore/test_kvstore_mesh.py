@@ -208,8 +208,9 @@ def test_a_producer_and_a_consumer_serve_a_request_like_one_engine(kv_mesh: Mesh
     kv_mesh.remove_service(SCHEDULER_B)
     kv_mesh.remove_service("worker-b")
     kv_mesh.add_engine("prefill", scheduler_args=["--kv-role", "producer"])
+    # add_engine returns once the gateway counts the engine ready, from the heartbeat that
+    # also carries its role: the gateway knows both roles now.
     kv_mesh.add_engine("decode", scheduler_args=["--kv-role", "consumer"])
-    time.sleep(1.5)   # the gateway sees both roles in their heartbeats
     disaggregated = complete(kv_mesh, prompt, "pd")
     assert disaggregated["choices"][0]["text"] == single
     assert cached(disaggregated) == 599 // BLOCK * BLOCK
