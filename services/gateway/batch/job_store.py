@@ -130,7 +130,8 @@ class BatchStore:
         raise RuntimeError(f"batch {batch_id}: too many concurrent updates")
 
     async def list_records(self) -> list[BatchRecord]:
-        return [BatchRecord.from_json(v) for v in (await self._records_snapshot.values(">")).values()]
+        records = await self._records_snapshot.values(">")
+        return [BatchRecord.from_json(value) for value in records.values()]
 
     # ---- jobs
 
