@@ -52,8 +52,9 @@ async def test_replicas_draw_a_key_from_one_bucket(replicas: list[ApiKeys],
     await tenant(first, "alpha").charge(100)
     refused = await refusal(tenant(second, "alpha"), 30)
     assert refused.status == 429 and refused.code == "rate_limit_exceeded"
-    # 30 tokens at 1 a second, less what flowed in since the first charge.
-    assert refused.retry_after_s is not None and 29 <= refused.retry_after_s <= 30
+    # 30 tokens at 1 a second, less what flowed in since the first charge (a few seconds at
+    # most, even on a loaded machine); a bucket of its own would have taken them.
+    assert refused.retry_after_s is not None and 20 <= refused.retry_after_s <= 30
     await tenant(second, "beta").charge(100)   # another key: its own bucket
     other_namespace = ApiKeys(["alpha"], **LIMITS, redis_url=redis_server.url,
                               namespace="elsewhere")
