@@ -22,6 +22,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from services.common.settings import CommonSettings
+from services.common.tls import tls_context
 
 log = structlog.get_logger(__name__)
 
@@ -54,7 +55,7 @@ class Bus:
             retry_for_s = settings.nats_connect_timeout_s
         return await cls.connect(settings.nats_url, name, retry_for_s=retry_for_s,
                                  inbox_prefix=settings.nats_inbox_prefix,
-                                 tls=tls_context(settings))
+                                 tls=nats_tls(settings))
 
     @classmethod
     async def connect(cls, url: str, name: str, *, retry_for_s: float = 60.0,
@@ -162,7 +163,7 @@ async def _on_reconnected() -> None:
     log.info("NATS reconnected")
 
 
-def tls_context(settings: CommonSettings) -> ssl.SSLContext | None:
+def nats_tls(settings: CommonSettings) -> ssl.SSLContext | None:
     """TLS to NATS when the settings ask for it (a CA file, a client certificate or a tls://
     URL): verifies the server against the CA file (else the system's CAs) and presents the
     client certificate if one is given."""
@@ -170,11 +171,9 @@ def tls_context(settings: CommonSettings) -> ssl.SSLContext | None:
             or settings.nats_url.startswith("tls://")):
         return None
     try:
-        context = ssl.create_default_context(cafile=settings.nats_tls_ca_file or None)
-        if settings.nats_tls_cert_file:
-            context.load_cert_chain(settings.nats_tls_cert_file,
-                                    settings.nats_tls_key_file or None)
-    except (OSError, ssl.SSLError) as exc:
-        raise BusError(f"cannot set up TLS to NATS: {exc} (check --nats-tls-ca-file, "
-                       f"--nats-tls-cert-file and --nats-tls-key-file)") from exc
-    return context
+        return tls_context(
+            ssl.Purpose.SERVER_AUTH, settings.nats_tls_ca_file, settings.nats_tls_cert_file,
+            settings.nats_tls_key_file, "--nats-tls-ca-file, --nats-tls-cert-file and "
+            "--nats-tls-key-file")
+    except ValueError as exc:
+        raise BusError(f"cannot set up TLS to NATS: {exc}") from exc

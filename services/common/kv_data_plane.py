@@ -18,6 +18,7 @@ import xxhash
 from grpclib.config import Configuration
 
 from services.common.settings import setting
+from services.common.tls import tls_context
 
 # NOTE: HTTP/2 flow-control windows well above one request's blocks (a 2,000-token prompt is
 # ~90 MiB in fp32), so a stream is never throttled by window updates on loopback or a LAN.
@@ -40,8 +41,7 @@ def server_tls(settings: KVTLSSettings) -> ssl.SSLContext | None:
     """A node's TLS: its certificate, and client certificates required from the CA."""
     if not settings.kv_tls_cert_file:
         return None
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    _load(context, settings)
+    context = _context(ssl.Purpose.CLIENT_AUTH, settings)
     if settings.kv_tls_ca_file:
         context.verify_mode = ssl.CERT_REQUIRED
     return context
@@ -51,21 +51,18 @@ def client_tls(settings: KVTLSSettings) -> ssl.SSLContext | None:
     """A worker's TLS: nodes verified against the CA, its own certificate presented."""
     if not settings.kv_tls_ca_file:
         return None
-    context = ssl.create_default_context()
-    _load(context, settings)
-    return context
+    return _context(ssl.Purpose.SERVER_AUTH, settings)
 
 
-def _load(context: ssl.SSLContext, settings: KVTLSSettings) -> None:
-    context.set_alpn_protocols(["h2"])   # gRPC is HTTP/2
+def _context(purpose: ssl.Purpose, settings: KVTLSSettings) -> ssl.SSLContext:
     try:
-        if settings.kv_tls_ca_file:
-            context.load_verify_locations(settings.kv_tls_ca_file)
-        if settings.kv_tls_cert_file:
-            context.load_cert_chain(settings.kv_tls_cert_file, settings.kv_tls_key_file or None)
-    except (OSError, ssl.SSLError) as exc:
-        raise ValueError(f"cannot set up the kvstore data plane's TLS: {exc} (check "
-                         f"--kv-tls-ca-file, --kv-tls-cert-file and --kv-tls-key-file)") from exc
+        context = tls_context(purpose, settings.kv_tls_ca_file, settings.kv_tls_cert_file,
+                              settings.kv_tls_key_file, "--kv-tls-ca-file, --kv-tls-cert-file "
+                              "and --kv-tls-key-file")
+    except ValueError as exc:
+        raise ValueError(f"cannot set up the kvstore data plane's TLS: {exc}") from exc
+    context.set_alpn_protocols(["h2"])   # gRPC is HTTP/2
+    return context
 
 
 def block_checksum(data: bytes | memoryview) -> int:

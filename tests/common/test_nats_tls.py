@@ -14,7 +14,7 @@ import trustme
 
 from llm_mesh.embedded import EmbeddedNats, free_port
 from services.common import wire
-from services.common.bus import Bus, BusError, tls_context
+from services.common.bus import Bus, BusError, nats_tls
 from services.common.settings import CommonSettings
 from tests.faults.streams import poll
 from tests.mesh import ServiceProcess
@@ -100,7 +100,7 @@ async def test_without_its_certificates_a_service_is_refused_with_a_reason(
 def test_an_unreadable_certificate_is_a_clear_error(pki: tuple[TlsNats, Path]) -> None:
     server, files = pki
     with pytest.raises(BusError) as refused:
-        tls_context(settings(server, files, nats_tls_ca_file=str(files / "missing.pem")))
+        nats_tls(settings(server, files, nats_tls_ca_file=str(files / "missing.pem")))
     assert "--nats-tls-ca-file" in str(refused.value)
 
 
