@@ -18,6 +18,7 @@ from services.common.bus import Bus, BusError, nats_tls
 from services.common.settings import CommonSettings
 from tests.faults.streams import poll
 from tests.mesh import ServiceProcess
+from tests.pki import issue
 
 
 class TlsNats(EmbeddedNats):
@@ -27,17 +28,15 @@ class TlsNats(EmbeddedNats):
     def __init__(self, ca: trustme.CA, files: Path) -> None:
         super().__init__()
         self._files = files
-        server = ca.issue_cert("127.0.0.1")
-        server.cert_chain_pems[0].write_to_path(str(files / "server.pem"))
-        server.private_key_pem.write_to_path(str(files / "server-key.pem"))
+        self._ca, self._cert, self._key = issue(ca, "127.0.0.1", files, "server")
 
     def _config(self) -> Path:
         config = self._files / "nats-tls.conf"
         config.write_text(f"""
 tls {{
-  cert_file: "{self._files / 'server.pem'}"
-  key_file: "{self._files / 'server-key.pem'}"
-  ca_file: "{self._files / 'ca.pem'}"
+  cert_file: "{self._cert}"
+  key_file: "{self._key}"
+  ca_file: "{self._ca}"
   verify: true
 }}
 """)
@@ -46,20 +45,17 @@ tls {{
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TlsNats, Path]]:
-    """The server, and a directory with ca.pem, client.pem and client-key.pem."""
+    """The server, and a directory with client-ca.pem, client.pem and client-key.pem."""
     files = tmp_path_factory.mktemp("pki")
     ca = trustme.CA()
-    ca.cert_pem.write_to_path(str(files / "ca.pem"))
-    client = ca.issue_cert("llm-mesh-service")
-    client.cert_chain_pems[0].write_to_path(str(files / "client.pem"))
-    client.private_key_pem.write_to_path(str(files / "client-key.pem"))
+    issue(ca, "llm-mesh-service", files, "client")
     server = TlsNats(ca, files).start()
     yield server, files
     server.stop()
 
 
 def settings(server: EmbeddedNats, files: Path, **overrides: str) -> CommonSettings:
-    values = {"nats_url": server.url, "nats_tls_ca_file": str(files / "ca.pem"),
+    values = {"nats_url": server.url, "nats_tls_ca_file": str(files / "client-ca.pem"),
               "nats_tls_cert_file": str(files / "client.pem"),
               "nats_tls_key_file": str(files / "client-key.pem"), **overrides}
     return CommonSettings(**values)
@@ -109,7 +105,7 @@ def test_a_service_process_comes_up_ready_over_tls(pki: tuple[TlsNats, Path],
     server, files = pki
     # The batch runner: a whole service (JetStream included) that loads no model.
     runner = ServiceProcess("batch", [
-        "--nats-url", server.url, "--nats-tls-ca-file", str(files / "ca.pem"),
+        "--nats-url", server.url, "--nats-tls-ca-file", str(files / "client-ca.pem"),
         "--nats-tls-cert-file", str(files / "client.pem"),
         "--nats-tls-key-file", str(files / "client-key.pem")],
         tmp_path / "batch.log", free_port())

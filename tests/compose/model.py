@@ -145,6 +145,11 @@ def mesh_services(model: Mapping[str, Any]) -> list[MeshService]:
     return found
 
 
+def mounts(spec: Mapping[str, Any]) -> dict[str, str]:
+    """A service's volumes (short syntax), container path -> host path or volume name."""
+    return {m.split(":")[1]: m.split(":")[0] for m in spec.get("volumes", [])}
+
+
 def nats_url_parts(url: str) -> tuple[str | None, int | None, str | None, str | None]:
     parsed = urlparse(url)
     return parsed.hostname, parsed.port, parsed.username, parsed.password

@@ -18,7 +18,7 @@ import pytest
 from llm_mesh import cli
 from services.common.settings import EngineSettings, env_name
 from tests.compose.model import (COMPOSE_DIR, DOCKERFILE, ENGINE2, MAIN, ROOT, VARIANTS,
-                                 check_jsonschema, load, mesh_services, nats_url_parts,
+                                 check_jsonschema, load, mesh_services, mounts, nats_url_parts,
                                  run_compose)
 
 MODELS = {name: load(files, profiles) for name, (files, profiles) in VARIANTS.items()}
@@ -204,11 +204,11 @@ def test_gpu_profile_reserves_an_nvidia_gpu_for_its_worker(monkeypatch) -> None:
 def test_nats_runs_the_mounted_config_with_jetstream_on_a_volume() -> None:
     nats = MODELS["default"]["services"]["nats"]
     command = nats["command"]
-    mounts = {m.split(":")[1]: m.split(":")[0] for m in nats["volumes"]}
+    nats_mounts = mounts(nats)
     config = command[command.index("--config") + 1]
-    assert (COMPOSE_DIR / mounts[config]).resolve() == COMPOSE_DIR / "nats" / "nats.conf"
+    assert (COMPOSE_DIR / nats_mounts[config]).resolve() == COMPOSE_DIR / "nats" / "nats.conf"
     store = command[command.index("--store_dir") + 1]
-    assert mounts[store] in MODELS["default"]["volumes"]  # a named volume, not the container
+    assert nats_mounts[store] in MODELS["default"]["volumes"]  # a named volume, not the container
     conf = (COMPOSE_DIR / "nats" / "nats.conf").read_text()
     assert "jetstream: enabled" in conf
     # Every password the server reads is one the compose file gives it.
@@ -221,17 +221,17 @@ def test_the_tls_overlay_gives_every_service_the_certificates_it_mounts(monkeypa
     model = MODELS["tls"]
     nats = model["services"]["nats"]
     command = nats["command"]
-    mounts = {m.split(":")[1]: m.split(":")[0] for m in nats["volumes"]}
+    nats_mounts = mounts(nats)
     config = Path(command[command.index("--config") + 1])
-    assert (COMPOSE_DIR / mounts[str(config.parent)] / config.name).resolve() == \
+    assert (COMPOSE_DIR / nats_mounts[str(config.parent)] / config.name).resolve() == \
         COMPOSE_DIR / "nats" / "nats-tls.conf"
     tls_conf = (COMPOSE_DIR / "nats" / "nats-tls.conf").read_text()
     assert "include ./nats.conf" in tls_conf and "verify: true" in tls_conf
     for path in re.findall(r'_file: "([^"]+)"', tls_conf):   # the server's files
-        assert mounts[str(Path(path).parent)] == "./tls", path
+        assert nats_mounts[str(Path(path).parent)] == "./tls", path
     for svc in mesh_services(model):
         settings = svc.settings(monkeypatch)
-        service_mounts = {m.split(":")[1]: m.split(":")[0] for m in svc.spec["volumes"]}
+        service_mounts = mounts(svc.spec)
         paths = [settings.nats_tls_ca_file, settings.nats_tls_cert_file,
                  settings.nats_tls_key_file]
         if svc.kind in ("worker", "kvstore"):   # the data plane's mutual TLS, both ends
@@ -251,8 +251,9 @@ def test_redis_requires_the_password_its_healthcheck_uses() -> None:
     password = command[command.index("--requirepass") + 1]
     assert password and password == redis["environment"]["REDIS_PASSWORD"]
     assert "$REDIS_PASSWORD" in redis["healthcheck"]["test"][1]
-    mounts = {m.split(":")[1]: m.split(":")[0] for m in redis["volumes"]}
-    assert (COMPOSE_DIR / mounts[command[1]]).resolve() == COMPOSE_DIR / "redis" / "valkey.conf"
+    redis_mounts = mounts(redis)
+    assert (COMPOSE_DIR / redis_mounts[command[1]]).resolve() == \
+        COMPOSE_DIR / "redis" / "valkey.conf"
 
 
 def _dockerfile_env() -> dict[str, str]:

@@ -17,6 +17,7 @@ from services.common import wire
 from services.common.kv_data_plane import KVTLSSettings, client_tls, server_tls
 from services.worker.kv_connector_transfer import KVTransferThread, LoadResult, SaveResult
 from tests.kvstore.conftest import running_servicer, stub_for
+from tests.pki import issue
 
 FP = "model-tls"
 BLOCK_BYTES = 4096
@@ -28,12 +29,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, KVTLSSet
     files = tmp_path_factory.mktemp("kv-pki")
 
     def issued(ca: trustme.CA, name: str, identity: str) -> KVTLSSettings:
-        cert = ca.issue_cert(identity)
-        cert.cert_chain_pems[0].write_to_path(str(files / f"{name}.pem"))
-        cert.private_key_pem.write_to_path(str(files / f"{name}-key.pem"))
-        ca.cert_pem.write_to_path(str(files / f"{name}-ca.pem"))
-        return KVTLSSettings(str(files / f"{name}-ca.pem"), str(files / f"{name}.pem"),
-                             str(files / f"{name}-key.pem"))
+        return KVTLSSettings(*issue(ca, identity, files, name))
 
     ca, other_ca = trustme.CA(), trustme.CA()
     yield {"node": issued(ca, "node", "127.0.0.1"), "worker": issued(ca, "worker", "worker"),
