@@ -1,18 +1,19 @@
 """The C++ CPU kernels (kernels/cpu/*.cpp), compiled on first use on the machine that runs them.
 
-    ops = load()   # the extension module, or None: callers then keep their torch path
+    ops = load(extensions_dir)   # the extension module, or None: callers keep their torch path
 
 load() JIT-compiles the sources with torch.utils.cpp_extension (-O3 -march=native, OpenMP
-through at::parallel_for, so torch's thread count applies) into
-<mesh cache>/torch_extensions/ (or $TORCH_EXTENSIONS_DIR), in a folder named after a hash of
-the sources, the flags, torch's version and this CPU's features: a change to any of them
-builds anew, and a cache shared between different machines never hands one another's binary.
-Where the kernels cannot be built (no compiler, no ninja) it logs one warning and returns None;
-LLM_MESH_CPU_KERNELS=0 turns them off on purpose (the torch path then runs everywhere).
+through at::parallel_for, so torch's thread count applies) into `extensions_dir` (the worker
+passes <mesh cache>/torch_extensions; $TORCH_EXTENSIONS_DIR wins), in a folder named after a
+hash of the sources, the flags, torch's version and this CPU's features: a change to any of
+them builds anew, and a cache shared between different machines never hands one another's
+binary. Where the kernels cannot be built (no compiler, no ninja) it logs one warning and
+returns None; LLM_MESH_CPU_KERNELS=0 turns them off on purpose (the torch path then runs
+everywhere).
 
 The ops (see kernels/cpu/bindings.cpp): attention_plan, paged_attention, reshape_and_cache,
-rms_norm, add_rms_norm, silu_and_mul, rotary_embedding, quant_linear; `vec_size` is the kernels' vector width
-in floats.
+rms_norm, add_rms_norm, silu_and_mul, rotary_embedding, quant_linear; `vec_size` is the
+kernels' vector width in floats.
 """
 
 from __future__ import annotations
@@ -28,8 +29,6 @@ from types import ModuleType
 
 import structlog
 import torch
-
-from services.common.model_files import cache_root
 
 log = structlog.get_logger(__name__)
 
@@ -54,21 +53,22 @@ def is_enabled() -> bool:
     return os.environ.get(ENV_CPU_KERNELS, "1") != "0"
 
 
-def load() -> ModuleType | None:
-    """The compiled kernels, or None (disabled, or they could not be built: one warning)."""
-    return _load() if is_enabled() else None
+def load(extensions_dir: Path) -> ModuleType | None:
+    """The compiled kernels, or None (disabled, or they could not be built: one warning).
+    NOTE: the caller names the build folder, so kernels/ depends on no service's config."""
+    return _load(extensions_dir) if is_enabled() else None
 
 
-def unavailable_reason() -> str | None:
+def unavailable_reason(extensions_dir: Path) -> str | None:
     """Why load() returns None (None when it returns the kernels)."""
     if not is_enabled():
         return f"{ENV_CPU_KERNELS}=0"
-    return None if _load() is not None else f"the build failed: {_failure}"
+    return None if _load(extensions_dir) is not None else f"the build failed: {_failure}"
 
 
 @functools.cache
-def _load() -> ModuleType | None:
-    build_dir = _build_dir()
+def _load(extensions_dir: Path) -> ModuleType | None:
+    build_dir = _build_dir(extensions_dir)
     is_cached = any(build_dir.glob(f"{NAME}*.so"))
     if not is_cached:
         log.info(f"compiling CPU kernels (one-time, ~{ESTIMATED_COMPILE_S} s)",
@@ -95,13 +95,13 @@ def _load() -> ModuleType | None:
     return module
 
 
-def _build_dir() -> Path:
+def _build_dir(extensions_dir: Path) -> Path:
     digest = hashlib.sha256()
     for name in sorted(p.name for p in SOURCE_DIR.iterdir() if p.suffix in (".cpp", ".h")):
         digest.update(name.encode() + (SOURCE_DIR / name).read_bytes())
     digest.update(" ".join(CFLAGS + LDFLAGS).encode())
     digest.update(f"{torch.__version__} {sys.version_info[:2]} {_cpu_features()}".encode())
-    root = os.environ.get("TORCH_EXTENSIONS_DIR") or cache_root() / "torch_extensions"
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or extensions_dir
     return Path(root) / f"{NAME}-{digest.hexdigest()[:16]}"
 
 
@@ -129,9 +129,12 @@ def _ensure_ninja_on_path() -> None:
 
 
 if __name__ == "__main__":
-    # `python -m kernels.cpu_ops`: builds the kernels now (e.g. at setup), not at first use.
+    # `python -m kernels.cpu_ops DIR`: builds the kernels now (e.g. at setup), not at first use.
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m kernels.cpu_ops EXTENSIONS_DIR")
+    extensions_dir = Path(sys.argv[1])
     started = time.perf_counter()
-    module = load()
-    print(f"CPU kernels: {'ready' if module else unavailable_reason()} "
-          f"({time.perf_counter() - started:.1f} s, build dir {_build_dir()})")
+    module = load(extensions_dir)
+    print(f"CPU kernels: {'ready' if module else unavailable_reason(extensions_dir)} "
+          f"({time.perf_counter() - started:.1f} s, build dir {_build_dir(extensions_dir)})")
     sys.exit(0 if module else 1)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 # Service name -> the module `python -m` runs. The batch runner lives in the gateway's package.
 SERVICE_MODULES = {
     "gateway": "services.gateway",
-    "batch": "services.gateway.batch",
+    "batch": "services.batch",
     "tokenizer": "services.tokenizer",
     "scheduler": "services.scheduler",
     "worker": "services.worker",

@@ -28,10 +28,10 @@ import structlog
 
 from llm_mesh.cli import SERVICE_MODULES
 from llm_mesh.embedded import EmbeddedNats, EmbeddedRedis, free_port
+from services.batch.settings import BatchSettings
 from services.common.logs import configure_logging
 from services.common.model_files import resolve_model
 from services.common.settings import add_arguments, env_name, flag_name, setting
-from services.gateway.batch.settings import BatchSettings
 from services.gateway.settings import GatewaySettings
 from services.kvstore.settings import KVStoreSettings
 from services.scheduler.settings import SchedulerSettings

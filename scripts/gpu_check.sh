@@ -4,7 +4,7 @@
 #      too big for the interpreter (tests/kernels: cache write, paged decode with and without
 #      KV splits, varlen prefill over a paged context, fp8);
 #   2. the worker's decode step time and prefill speed with the triton backend and CUDA
-#      graphs (scripts/bench_runner.py), bf16 and fp32, batch 1..256, on a random model of
+#      graphs (benchmarks/runner.py), bf16 and fp32, batch 1..256, on a random model of
 #      SmolLM2-135M's shape (the embedded model's wheel is too big to travel to the device).
 # Results land in $OUT (default bench-results/gpu).
 #
@@ -45,6 +45,6 @@ torch.manual_seed(0)
 transformers.AutoModelForCausalLM.from_config(config).save_pretrained(sys.argv[1])
 EOF
 
-timeout 300 $PY scripts/bench_runner.py --model "$MODEL_DIR" --dtypes bfloat16,float32 \
+timeout 300 $PY -m benchmarks.runner --model "$MODEL_DIR" --dtypes bfloat16,float32 \
   --batch-sizes 1,8,32,64,128,256 --kv-cache-gib 8 --prompt-len 128 \
   2>&1 | tee "$OUT/bench-runner.txt"

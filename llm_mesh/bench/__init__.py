@@ -10,4 +10,6 @@ The pieces, in the order a run uses them:
     report.py, plot.py  the printed tables, the JSON file, the throughput/interactivity PNG
 
 Measured from the client side, as `vllm bench serve` does, so numbers compare across servers.
+The comparison benchmarks behind docs/benchmarks.md (`benchmarks/` at the repository root)
+are built on this package; it never imports them.
 """

@@ -33,14 +33,15 @@ _MAX_QUEUED_BATCHES = 10_000
 
 
 async def ensure_stream(js: JetStreamContext, subjects: Subjects) -> None:
-    """Creates the bounded events stream if missing (whoever comes first)."""
+    """Creates the bounded events stream if missing (whoever comes first). File-backed, so
+    the window survives a NATS restart on its store directory (docs/operations.md)."""
     try:
         await js.stream_info(subjects.kv_events_stream)
     except js_errors.NotFoundError:
         await js.add_stream(api.StreamConfig(
             name=subjects.kv_events_stream, subjects=[subjects.kv_events_all],
             max_age=STREAM_MAX_AGE_S, max_bytes=STREAM_MAX_BYTES,
-            discard=api.DiscardPolicy.OLD, storage=api.StorageType.MEMORY))
+            discard=api.DiscardPolicy.OLD, storage=api.StorageType.FILE))
 
 
 class KVEventPublisher:
@@ -107,7 +108,6 @@ class KVEventSubscriber:
         self.blocks: dict[str, set[bytes]] = {}
         self.last_seq: dict[str, int] = {}
         self.num_resyncs = 0
-        self.num_batches = 0
 
     async def start(self) -> None:
         js = self._bus.client.jetstream()
@@ -128,7 +128,6 @@ class KVEventSubscriber:
         last = self.last_seq.get(publisher, 0)
         if batch.seq <= last:
             return   # already covered by a snapshot
-        self.num_batches += 1
         if batch.seq != last + 1:
             # A gap, or a late start: the snapshot covers every batch up to its seq.
             if not await self.resync(publisher):

@@ -1,7 +1,7 @@
 """The kvstore's block index in Redis: which node holds which KV block.
 
 Kvstore nodes write it (services/kvstore); schedulers read it to find, before a request runs,
-how many of its leading blocks some node holds (services/scheduler/kv_connector_lookup.py).
+how many of its leading blocks some node holds (services/scheduler/kv/lookup.py).
 Keys, under `llm-mesh:{namespace}`:
 
   blk:{fingerprint}:{hash hex}  hash {node, tier, size, checksum, last_use}, TTL entry_ttl_s

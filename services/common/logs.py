@@ -5,11 +5,24 @@ from __future__ import annotations
 
 import logging
 import sys
+from contextlib import AbstractContextManager
 
 import structlog
 
-bind_request_id = structlog.contextvars.bind_contextvars
-clear_request_id = structlog.contextvars.clear_contextvars
+
+
+def request_log_context(request_id: str) -> AbstractContextManager[object]:
+    """Every line logged inside it (in this task, and in tasks it starts) carries
+    `request_id`; the binding ends with the block, so a loop serving many requests one
+    after another never tags a line with the wrong one."""
+    return structlog.contextvars.bound_contextvars(request_id=request_id)
+
+
+def bind_request_id(request_id: str) -> None:
+    """Tags every later line of this task with `request_id`, for a task that serves one
+    request to its end (an HTTP response stream: an async generator may be closed from
+    another context, where a scoped binding could not be undone)."""
+    structlog.contextvars.bind_contextvars(request_id=request_id)
 
 
 def configure_logging(service: str, instance_id: str, level: str = "info",

@@ -25,6 +25,7 @@ from services.common.health import HealthServer
 from services.common.logs import configure_logging
 from services.common.settings import CommonSettings, public_view
 from services.common.subjects import Subjects
+from services.common.tasks import BackgroundTasks
 
 HEARTBEAT_INTERVAL_S = 1.0
 
@@ -43,6 +44,8 @@ class Service(ABC):
         self.health: HealthServer | None = None
         self.stopping = asyncio.Event()
         self.is_set_up = False
+        self.background = BackgroundTasks(self.log)
+        """Long-lived tasks of the service: cancelled after drain, before close()."""
 
     # ---- what subclasses provide
 
@@ -89,7 +92,7 @@ class Service(ABC):
         port = await self.health.start()
         self.log.info("health server listening", url=f"http://{self.settings.health_host}:{port}")
         self.bus = await Bus.for_settings(self.settings, name=self.instance_id)
-        heartbeat = asyncio.create_task(self._heartbeat_loop())
+        self.background.spawn(self._heartbeat_loop(), name="heartbeat")
         try:
             setup = asyncio.create_task(self.setup())
             stop = asyncio.create_task(self.stopping.wait())
@@ -109,7 +112,7 @@ class Service(ABC):
             except asyncio.TimeoutError:
                 self.log.warning("drain timed out; stopping with work in flight")
         finally:
-            heartbeat.cancel()
+            await self.background.close()
             await self.close()
             await self.bus.close()
             await self.health.stop()

@@ -13,23 +13,27 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.common import wire
 from services.common.bus import BusError
+from services.common.frontend.auth import ApiKeys, tenant_of
+from services.common.frontend.chat import chat_prompt, create_chat_completion
+from services.common.frontend.completions import create_completion
+from services.common.frontend.context import FrontendContext
+from services.common.frontend.errors import ApiError, invalid
+from services.common.frontend.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
 from services.common.packing import pack_int32, unpack_int32
-from services.gateway.auth import ApiKeys, tenant_of
 from services.gateway.body import parse_body
-from services.gateway.chat import chat_prompt, create_chat_completion
-from services.gateway.completions import create_completion
-from services.gateway.context import GatewayContext
-from services.gateway.errors import ApiError, invalid
 from services.gateway.files_batches import files_batches_router
-from services.gateway.protocol import (ChatCompletionRequest, CompletionRequest,
-                                       DetokenizeRequest, TokenizeRequest)
 
 log = structlog.get_logger(__name__)
 VERSION = "0.1.0"
 _OPEN_PATHS = {"/health", "/ready", "/version", "/metrics"}
 
 
-def create_app(ctx: GatewayContext, registry: CollectorRegistry) -> FastAPI:
+def create_app(ctx: FrontendContext, registry: CollectorRegistry) -> FastAPI:
     app = FastAPI(title="LLM Mesh", version=VERSION, docs_url=None, redoc_url=None)
     settings = ctx.settings
     api_keys = ApiKeys.from_settings(settings, settings.namespace)
@@ -131,7 +135,7 @@ def create_app(ctx: GatewayContext, registry: CollectorRegistry) -> FastAPI:
     return app
 
 
-async def _reset_prefix_cache(ctx: GatewayContext) -> Response:
+async def _reset_prefix_cache(ctx: FrontendContext) -> Response:
     engines = ctx.view.ready_engines()
     if not engines:
         raise ApiError(503, "no engine is ready", code="engine_unavailable", retry_after_s=1)

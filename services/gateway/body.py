@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
-from services.gateway.errors import ApiError, invalid
+from services.common.frontend.errors import ApiError, invalid
 
 M = TypeVar("M", bound=BaseModel)
 

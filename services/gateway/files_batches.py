@@ -1,5 +1,5 @@
 """/v1/files and /v1/batches: OpenAI's Files and Batches API over the batch plane in
-JetStream (services/gateway/batch/job_store.py). The gateway stores files, records batches
+JetStream (services/common/batch_jobs/store.py). The gateway stores files, records batches
 and queues their jobs; batch runners do the work and keep the records current.
 
 Every file and batch belongs to the API key that created it (its key id is the record's
@@ -23,15 +23,22 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.datastructures import UploadFile
 
+from services.common.batch_jobs.records import (
+    BATCH_ENDPOINTS,
+    COMPLETION_WINDOWS,
+    BatchJob,
+    BatchRecord,
+    FileRecord,
+    new_batch_id,
+    new_file_id,
+)
+from services.common.batch_jobs.store import BatchStore
 from services.common.bus import Bus, BusError
+from services.common.frontend.auth import tenant_of
+from services.common.frontend.context import FrontendContext
+from services.common.frontend.errors import ApiError, invalid, unavailable
 from services.common.subjects import Subjects
-from services.gateway.auth import tenant_of
-from services.gateway.batch.job_store import BatchStore
-from services.gateway.batch.records import (BATCH_ENDPOINTS, COMPLETION_WINDOWS, BatchJob,
-                                            BatchRecord, FileRecord, new_batch_id, new_file_id)
 from services.gateway.body import parse_body
-from services.gateway.context import GatewayContext
-from services.gateway.errors import ApiError, invalid, unavailable
 from services.gateway.settings import GatewaySettings
 
 MAX_FILE_BYTES = 200 * 1024 * 1024   # OpenAI's limit for a batch input file
@@ -70,7 +77,7 @@ class BatchPlane:
         return self._store
 
 
-def files_batches_router(ctx: GatewayContext) -> APIRouter:
+def files_batches_router(ctx: FrontendContext) -> APIRouter:
     plane = BatchPlane(ctx.settings, f"{ctx.client.gateway_id}-batch")
     router = APIRouter()
 

@@ -1,45 +1,15 @@
-"""The gateway's settings."""
+"""The gateway's settings: the shared request path's, and its HTTP server's."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.settings import CommonSettings, setting
+from services.common.frontend.settings import FrontendSettings
+from services.common.settings import setting
 
 
 @dataclass
-class TenantSettings:
-    """The API keys and their limits: the gateway's, and the batch runner's (which runs each
-    batch's lines as the key that created it), so both must get the same values."""
-    api_key: list[str] = setting([], "Accepted API keys (repeat the flag for several; none: "
-                                 "no auth)", secret=True)
-    admin_api_key: list[str] = setting(
-        [], "API keys that may also call the admin endpoints (POST /reset_prefix_cache); with "
-        "--api-key set and none of these, no key may", secret=True)
-    rate_limit_tokens_per_minute: int = setting(
-        0, "Per API key (all requests when no key is set): prompt + max_tokens tokens it may "
-        "submit per minute, as a token bucket; beyond it 429 with Retry-After (0: no limit)")
-    rate_limit_burst_tokens: int = setting(
-        0, "Per API key: the token bucket's size, the most one burst may use (0: one "
-        "minute's worth)")
-    redis_url: str = setting(
-        "", "Redis (or Valkey) URL holding the rate limits' token buckets, shared by every "
-        "gateway replica and batch runner on it (empty: each process has its own)",
-        secret=True)
-
-
-@dataclass
-class GatewaySettings(TenantSettings, CommonSettings):
+class GatewaySettings(FrontendSettings):
     host: str = setting("127.0.0.1", "HTTP bind address of the OpenAI-compatible API")
     port: int = setting(8000, "HTTP port of the OpenAI-compatible API")
-    migration_timeout_s: float = setting(
-        30.0, "How long a request whose engine or tokenizer was lost may look for live ones "
-        "to continue on, before it fails with a retriable 503")
     max_body_bytes: int = setting(8 * 1024 * 1024, "Largest request body accepted (413 beyond)")
-    max_n: int = setting(64, "Largest `n` (samples per prompt) accepted")
-    max_logprobs: int = setting(20, "Largest number of top logprobs accepted")
-    max_stop_strings: int = setting(64, "Most stop strings one request may set")
-    request_timeout_s: float = setting(600.0, "Longest a request may wait for its next token")
-    instance_timeout_s: float = setting(
-        3.5, "A service whose heartbeat is older than this is gone; its requests fail")
-    tokenizer_timeout_s: float = setting(10.0, "Longest to wait for a tokenizer's answer")

@@ -37,7 +37,6 @@ class KVStoreService(Service):
         self.address = ""
         self._publishers: dict[str, KVEventPublisher] = {}
         self._index_ok = False
-        self._tasks: list[asyncio.Task[None]] = []
 
     async def setup(self) -> None:
         s = self.settings
@@ -58,7 +57,7 @@ class KVStoreService(Service):
         await self.server.start(sock=sock, ssl=tls)
         self.address = s.advertise_address or f"{s.grpc_host}:{sock.getsockname()[1]}"
         await self._adopt_disk_blocks()
-        self._tasks.append(asyncio.create_task(self._keep_registered()))
+        self.background.spawn(self._keep_registered(), name="keep registered in the index")
         self.log.info("kvstore serving", address=self.address, tls=tls is not None,
                       mutual_tls=tls is not None and bool(s.kv_tls_ca_file),
                       cpu_bytes=s.kv_cpu_bytes,
@@ -81,8 +80,6 @@ class KVStoreService(Service):
             await self.server.wait_closed()
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
         for publisher in self._publishers.values():
             await publisher.close()
         if self.index is not None:

@@ -8,6 +8,7 @@ import asyncio
 import time
 
 from services.common import wire
+from services.common.logs import request_log_context
 from services.common.metrics import EngineMetrics
 from services.common.packing import unpack_int32
 from services.common.service import Service
@@ -16,7 +17,7 @@ from services.scheduler.core.request import Request, RequestStatus
 from services.scheduler.core.scheduler import Scheduler
 from services.scheduler.delta_publisher import DeltaPublisher
 from services.scheduler.engine_stats import EngineStats
-from services.scheduler.kv_connector_runtime import KVConnectorRuntime
+from services.scheduler.kv.runtime import KVConnectorRuntime
 from services.scheduler.settings import SchedulerSettings
 from services.scheduler.step_codec import decode_step_output, encode_step_input
 from services.scheduler.worker_link import StepFailed, WorkerGone, WorkerLink
@@ -48,7 +49,6 @@ class SchedulerService(Service):
         self._last_progress = time.monotonic()
         self._reset_worker_rows = True
         self._losses_in_a_row = 0     # worker losses with no step completed in between
-        self._step_loop: asyncio.Task[None] | None = None
         self.kv: KVConnectorRuntime | None = None   # kvstore loads / saves, KV events
 
     # ---- lifecycle
@@ -59,7 +59,7 @@ class SchedulerService(Service):
         self.worker = WorkerLink(bus, self.subjects, self.engine_id, self.log,
                                  self.settings.worker_step_timeout_s,
                                  self.settings.worker_heartbeat_timeout_s)
-        await self.worker.start()
+        await self.worker.start(self.background)
         self.kv = KVConnectorRuntime(self.settings, bus, self.subjects, self.instance_id,
                                      self.metrics, self.log)
         await self.kv.start()
@@ -69,7 +69,7 @@ class SchedulerService(Service):
                             self.on_abort)
         await bus.serve(self.subjects.engine_admin(self.engine_id), wire.AdminRequest,
                         self.on_admin)
-        self._step_loop = asyncio.create_task(self._run_steps())
+        self.background.spawn(self._run_steps(), name="step loop")
 
     def readiness(self) -> tuple[bool, str]:
         if self.scheduler is None or self.worker is None or not self.worker.is_ready:
@@ -111,14 +111,16 @@ class SchedulerService(Service):
             await asyncio.sleep(0.05)
 
     async def close(self) -> None:
-        if self._step_loop is not None:
-            self._step_loop.cancel()
         if self.kv is not None:
             await self.kv.close()
 
     # ---- requests from gateways and tokenizers
 
     async def on_submit(self, message: wire.GenerateRequest) -> wire.SubmitReply:
+        with request_log_context(message.request_id):
+            return await self._submit(message)
+
+    async def _submit(self, message: wire.GenerateRequest) -> wire.SubmitReply:
         if self.stopping.is_set():
             return wire.SubmitReply(http_status=503, error="the engine is draining",
                                     error_code="engine_draining", retry_after_s=1.0)

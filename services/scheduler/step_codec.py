@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from itertools import chain
+from typing import cast
 
 from services.common import wire
 from services.common.packing import pack_int32, unpack_int32
 from services.scheduler.core.output import RunnerOutput, SchedulerOutput
-from services.scheduler.kv_connector_codec import (decode_kv_connector_output,
-                                                   encode_kv_connector_metadata)
+from services.scheduler.kv.codec import decode_kv_connector_output, encode_kv_connector_metadata
 
 
 def encode_step_input(output: SchedulerOutput, reset: bool = False) -> wire.StepInput:
@@ -20,7 +20,9 @@ def encode_step_input(output: SchedulerOutput, reset: bool = False) -> wire.Step
                 handle=new.handle, request_id=new.request_id,
                 token_ids=pack_int32(new.token_ids), num_prompt_tokens=new.num_prompt_tokens,
                 block_ids=pack_int32(new.block_ids),
-                num_computed_tokens=new.num_computed_tokens, sampling=new.sampling)
+                num_computed_tokens=new.num_computed_tokens,
+                # The core carries it opaque (core/output.py); the service put it there.
+                sampling=cast(wire.SamplingParams, new.sampling))
             for new in output.new_requests
         ],
         cached_handles=pack_int32(cached.handles),

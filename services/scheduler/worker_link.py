@@ -18,6 +18,7 @@ from services.common import wire
 from services.common.bus import Bus, BusError
 from services.common.packing import unpack_int32
 from services.common.subjects import Subjects
+from services.common.tasks import BackgroundTasks
 
 
 class WorkerGone(Exception):
@@ -44,11 +45,11 @@ class WorkerLink:
         self._last_heartbeat = 0.0
         self._worker_reconnects = 0      # the worker's NATS reconnects, from its heartbeats
 
-    async def start(self) -> None:
+    async def start(self, tasks: BackgroundTasks) -> None:
         await self._bus.subscribe(self._subjects.worker_hello(self._engine_id), wire.WorkerInfo,
                                   self._on_hello)
         await self._bus.subscribe(self._subjects.heartbeat, wire.Heartbeat, self._on_heartbeat)
-        asyncio.create_task(self._ask_for_info())
+        tasks.spawn(self._ask_for_info(), name="ask the worker for its info")
 
     @property
     def is_alive(self) -> bool:

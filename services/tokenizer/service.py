@@ -12,6 +12,7 @@ import betterproto
 from nats.aio.subscription import Subscription
 
 from services.common import wire
+from services.common.logs import request_log_context
 from services.common.metrics import TokenizerMetrics
 from services.common.model_files import resolve_model
 from services.common.packing import (pack_int32, pack_strings, unpack_int32, unpack_strings,
@@ -56,8 +57,8 @@ class TokenizerService(Service):
         await bus.subscribe(self.subjects.tokenizer_release(self.instance_id),
                             wire.ReleaseRequest, self.on_release)
         await bus.subscribe(self.subjects.heartbeat, wire.Heartbeat, self.on_heartbeat)
-        asyncio.create_task(self._expire_states_loop())
-        asyncio.create_task(self._drop_orphans_loop())
+        self.background.spawn(self._expire_states_loop(), name="expire detokenizer states")
+        self.background.spawn(self._drop_orphans_loop(), name="drop orphaned states")
 
     async def drain(self) -> None:
         """Leaves new prompts to the other tokenizers and keeps detokenizing the requests
@@ -75,6 +76,10 @@ class TokenizerService(Service):
     # ---- encoding (request/reply)
 
     async def on_encode(self, request: wire.EncodeRequest) -> wire.EncodeReply:
+        with request_log_context(",".join(request.request_ids)):
+            return self._encode_reply(request)
+
+    def _encode_reply(self, request: wire.EncodeRequest) -> wire.EncodeReply:
         assert self.codec is not None
         started = time.perf_counter()
         try:

@@ -20,7 +20,6 @@ class TextCodec:
         # The Rust tokenizer directly: ~10x less Python overhead per call than the HF wrapper.
         self.fast: Tokenizer = self.hf.backend_tokenizer
         self.vocab_size = self.fast.get_vocab_size(with_added_tokens=True)
-        self.special_ids = frozenset(self.hf.all_special_ids)
         self._token_strings: dict[int, str] = {}
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:

@@ -1,13 +1,19 @@
-"""Process-wide CPU settings for a worker that runs the model on the host."""
+"""Process-wide CPU settings for a worker that runs the model on the host, and where its C++
+kernels are built."""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import os
+from pathlib import Path
+from types import ModuleType
 
 import structlog
 import torch
+
+from kernels import cpu_ops
+from services.common.model_files import cache_root
 
 log = structlog.get_logger(__name__)
 
@@ -37,3 +43,13 @@ def configure_cpu_runtime(num_threads: int | None) -> int:
     if not tuned:
         log.warning("could not tune malloc (not glibc?): expect slower large batches")
     return threads
+
+
+def cpu_kernels_dir() -> Path:
+    """Where the C++ CPU kernels are built: in the mesh cache, shared by every worker."""
+    return cache_root() / "torch_extensions"
+
+
+def load_cpu_kernels() -> ModuleType | None:
+    """The C++ CPU kernels (kernels/cpu_ops.py), or None: callers keep their torch path."""
+    return cpu_ops.load(cpu_kernels_dir())

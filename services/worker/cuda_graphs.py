@@ -81,7 +81,6 @@ class CudaGraphRunner:
     def _forward(self, size: int) -> torch.Tensor:
         common = CommonAttentionMetadata(
             num_reqs=size, num_actual_tokens=size, num_decodes=size, max_query_len=1,
-            max_seq_len=self.block_table.shape[1] * self.attn_backend.block_size,
             query_start_loc=self.query_start_loc[:size + 1],
             query_start_loc_cpu=np.arange(size + 1),
             seq_lens=self.seq_lens[:size], seq_lens_cpu=np.zeros(size, dtype=np.int64),

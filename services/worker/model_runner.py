@@ -23,7 +23,7 @@ from services.worker.config import RunnerConfig, RunnerInfo
 from services.worker.cpu_runtime import configure_cpu_runtime
 from services.worker.cuda_graphs import CudaGraphRunner
 from services.worker.input_batch import InputBatch
-from services.worker.kv_connector import WorkerKVConnector, kv_fingerprint
+from services.worker.kv.connector import WorkerKVConnector, kv_fingerprint
 from services.worker.kv_cache import (
     KVCacheSpec,
     accelerator_kv_budget,
@@ -86,8 +86,6 @@ class ModelRunner:
                                vocab_size=model_config.vocab_size,
                                eos_token_ids=list(model_config.eos_token_ids),
                                model_name=config.model_dir.name)
-        # Seconds per phase of the last step (prepare, forward, sample, output): for metrics.
-        self.last_step_timings: dict[str, float] = {}
         self.kv_fingerprint = kv_fingerprint(config.model_dir, self.kv_spec)
         self.kv_connector: WorkerKVConnector | None = None
         """Moves blocks to / from the kvstore between forward passes; set by the service."""
@@ -105,7 +103,6 @@ class ModelRunner:
         return out
 
     def _execute(self, step: wire.StepInput) -> wire.StepOutput:
-        t0 = time.perf_counter()
         self._update_states(step)
         connector = self.kv_connector
         if connector is not None:
@@ -116,19 +113,14 @@ class ModelRunner:
             if connector is not None:
                 connector.finish_step(out, is_idle=True)
             return out
-        t1 = time.perf_counter()
         hidden = self._forward(batch)
         logits = self.model.compute_logits(hidden[batch.logits_indices])
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)  # so the timings below mean something
-        t2 = time.perf_counter()
         num_samples = len(batch.sampling_index)
         sample_rows = batch.rows[batch.sampling_index]
         metadata = build_sampling_metadata(self.input_batch, sample_rows,
                                            self.model_config.vocab_size, self.device)
         sampler_output = self.sampler(logits[:num_samples], metadata)
         sampled = sampler_output.sampled_token_ids.cpu().numpy().astype(np.int32)
-        t3 = time.perf_counter()
         self.input_batch.num_computed_tokens[batch.rows] = batch.seq_lens
         self.input_batch.append_sampled(sample_rows, sampled)
         out = build_step_output(step.step, batch, sampled, sampler_output,
@@ -136,8 +128,6 @@ class ModelRunner:
         if connector is not None:
             connector.after_forward(step)
             connector.finish_step(out, is_idle=False)
-        self.last_step_timings = {"prepare": t1 - t0, "forward": t2 - t1, "sample": t3 - t2,
-                                  "output": time.perf_counter() - t3}
         return out
 
     def _update_states(self, step: wire.StepInput) -> None:

@@ -13,8 +13,8 @@ from services.common.kv_data_plane import client_tls
 from services.common.model_files import resolve_model
 from services.common.packing import pack_int32
 from services.common.service import Service
-from services.worker.kv_connector import WorkerKVConnector
-from services.worker.kv_connector_transfer import KVTransferThread
+from services.worker.kv.connector import WorkerKVConnector
+from services.worker.kv.transfer import KVTransferThread
 from services.worker.model_runner import ModelRunner, RunnerConfig
 from services.worker.settings import WorkerSettings
 

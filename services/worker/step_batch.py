@@ -21,7 +21,6 @@ from services.worker.input_batch import NO_LOGPROBS, InputBatch, InputBatchError
 @dataclass
 class PromptLogprobsChunk:
     handle: int
-    first_logits_row: int      # where this chunk's rows start in the step's logits
     target_token_ids: np.ndarray  # prompt tokens whose logprob each row gives
     num_top: int
     is_last_chunk: bool
@@ -86,14 +85,14 @@ def prepare_step_batch(step: wire.StepInput, batch: InputBatch, block_size: int,
     sampling_index = np.flatnonzero(samples)
     logits_rows = [query_start_loc[1:][sampling_index] - 1]
     prompt_chunks = _prompt_logprobs(batch, handles, rows, num_computed, seq_lens,
-                                     query_start_loc, len(sampling_index), logits_rows)
+                                     query_start_loc, logits_rows)
 
     def to_device(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         return torch.from_numpy(a).to(device=device, dtype=dtype, non_blocking=True)
 
     attn = CommonAttentionMetadata(
         num_reqs=num_reqs, num_actual_tokens=num_tokens, num_decodes=num_decodes,
-        max_query_len=int(query_lens.max()), max_seq_len=int(seq_lens.max()),
+        max_query_len=int(query_lens.max()),
         query_start_loc=to_device(query_start_loc, torch.int32),
         query_start_loc_cpu=query_start_loc,
         seq_lens=to_device(seq_lens, torch.int32), seq_lens_cpu=seq_lens,
@@ -117,7 +116,7 @@ def _validate(batch: InputBatch, rows: np.ndarray, seq_lens: np.ndarray,
 
 def _prompt_logprobs(batch: InputBatch, handles: np.ndarray, rows: np.ndarray,
                      num_computed: np.ndarray, seq_lens: np.ndarray,
-                     query_start_loc: np.ndarray, first_row: int,
+                     query_start_loc: np.ndarray,
                      logits_rows: list[np.ndarray]) -> list[PromptLogprobsChunk]:
     """Chunks for requests computing prompt positions and asking for prompt logprobs.
 
@@ -134,9 +133,8 @@ def _prompt_logprobs(batch: InputBatch, handles: np.ndarray, rows: np.ndarray,
         count = max(end - start, 0)
         logits_rows.append(query_start_loc[i] + np.arange(count))
         targets = batch.token_ids[rows[i], start + 1:start + 1 + count].copy()
-        chunks.append(PromptLogprobsChunk(int(handles[i]), first_row, targets, int(num_top[i]),
+        chunks.append(PromptLogprobsChunk(int(handles[i]), targets, int(num_top[i]),
                                           is_last_chunk=bool(seq_lens[i] >= num_prompt[i])))
-        first_row += count
     return chunks
 
 
@@ -149,7 +147,7 @@ def dummy_step_batch(num_tokens: int, block_size: int, device: torch.device) -> 
     seq_lens = np.array([num_tokens])
     attn = CommonAttentionMetadata(
         num_reqs=1, num_actual_tokens=num_tokens, num_decodes=int(num_tokens == 1),
-        max_query_len=num_tokens, max_seq_len=num_tokens,
+        max_query_len=num_tokens,
         query_start_loc=torch.from_numpy(query_start_loc).to(device, torch.int32),
         query_start_loc_cpu=query_start_loc,
         seq_lens=torch.from_numpy(seq_lens).to(device, torch.int32), seq_lens_cpu=seq_lens,

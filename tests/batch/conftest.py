@@ -10,8 +10,8 @@ import nats
 import pytest
 
 from llm_mesh.embedded import EmbeddedNats
+from services.common.batch_jobs.store import BatchStore
 from services.common.subjects import Subjects
-from services.gateway.batch.job_store import BatchStore
 
 _namespaces = itertools.count()
 

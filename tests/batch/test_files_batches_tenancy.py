@@ -15,10 +15,10 @@ from prometheus_client import CollectorRegistry
 
 from llm_mesh.embedded import EmbeddedNats
 from services.common.bus import Bus
+from services.common.frontend.context import FrontendContext
+from services.common.frontend.mesh_view import MeshView
 from services.common.metrics import GatewayMetrics
 from services.gateway.app import create_app
-from services.gateway.context import GatewayContext
-from services.gateway.mesh_view import MeshView
 from services.gateway.settings import GatewaySettings
 
 CHAT = "/v1/chat/completions"
@@ -51,7 +51,7 @@ async def gateway(nats_server: EmbeddedNats,
 
     def make(keys: list[str]) -> httpx.AsyncClient:
         settings = GatewaySettings(nats_url=nats_server.url, namespace=namespace, api_key=keys)
-        ctx = GatewayContext(settings, _Client(), MeshView(60.0),  # type: ignore[arg-type]
+        ctx = FrontendContext(settings, _Client(), MeshView(60.0),  # type: ignore[arg-type]
                              GatewayMetrics(CollectorRegistry()))
         app = create_app(ctx, CollectorRegistry())
         clients.append(httpx.AsyncClient(transport=httpx.ASGITransport(app=app),

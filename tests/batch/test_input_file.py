@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import json
 
-from services.gateway.batch.input_file import (BatchLine, MalformedLine, custom_id_key,
-                                               error_entry, is_success, parse_input,
-                                               response_entry)
+from services.batch.input_file import (
+    BatchLine,
+    MalformedLine,
+    custom_id_key,
+    error_entry,
+    is_success,
+    parse_input,
+    response_entry,
+)
 
 CHAT = "/v1/chat/completions"
 

@@ -10,11 +10,11 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from services.gateway.auth import ApiKeys, Tenant, key_id
-from services.gateway.batch.job_runner import JobRunner
-from services.gateway.batch.job_store import BatchStore
-from services.gateway.batch.line_executor import LineOutcome
-from services.gateway.batch.records import BatchJob, BatchRecord, FileRecord
+from services.batch.job_runner import JobRunner
+from services.batch.line_executor import LineOutcome
+from services.common.batch_jobs.records import BatchJob, BatchRecord, FileRecord
+from services.common.batch_jobs.store import BatchStore
+from services.common.frontend.auth import ApiKeys, Tenant, key_id
 
 CHAT = "/v1/chat/completions"
 

@@ -8,8 +8,8 @@ import asyncio
 import nats.errors
 import pytest
 
-from services.gateway.batch.job_store import BatchStore
-from services.gateway.batch.records import BatchJob, BatchRecord, FileRecord
+from services.common.batch_jobs.records import BatchJob, BatchRecord, FileRecord
+from services.common.batch_jobs.store import BatchStore
 
 
 def job(batch_id: str = "batch_1") -> BatchJob:

@@ -11,16 +11,16 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from services.batch.line_executor import LineExecutor
+from services.batch.settings import BatchSettings
 from services.common import wire
+from services.common.frontend.auth import ApiKeys
+from services.common.frontend.context import FrontendContext
+from services.common.frontend.errors import unavailable
+from services.common.frontend.mesh_client import Generation, TextDelta
+from services.common.frontend.mesh_view import EngineView, MeshView
 from services.common.metrics import GatewayMetrics
 from services.common.packing import pack_int32
-from services.gateway.auth import ApiKeys
-from services.gateway.batch.line_executor import LineExecutor
-from services.gateway.context import GatewayContext
-from services.gateway.errors import unavailable
-from services.gateway.mesh_client import Generation, TextDelta
-from services.gateway.mesh_view import EngineView, MeshView
-from services.gateway.settings import GatewaySettings
 
 CHAT = "/v1/chat/completions"
 
@@ -65,7 +65,7 @@ def executor(client: FakeMeshClient, retry_for_s: float = 5.0) -> LineExecutor:
     view.on_heartbeat(wire.Heartbeat(
         service="scheduler", instance_id="sched-0", ready=True, engine_id="engine-0",
         engine=wire.EngineInfo(model="m", max_model_len=2048)))
-    ctx = GatewayContext(GatewaySettings(), client, view,  # type: ignore[arg-type]
+    ctx = FrontendContext(BatchSettings(), client, view,  # type: ignore[arg-type]
                          GatewayMetrics(CollectorRegistry()))
     return LineExecutor(ctx, priority=1000, retry_for_s=retry_for_s)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from llm_mesh.launcher import service_argv
+from services.batch.settings import BatchSettings
 from services.common.settings import build_settings
-from services.gateway.batch.settings import BatchSettings
 from tests.compose.model import MAIN, load, mesh_services
 
 

@@ -1,40 +1,83 @@
-"""No service imports another service's package: the wire is their only coupling."""
+"""The layering of the code base holds (tests/common/import_rules.py says the rules), and the
+checker catches a planted violation of each rule."""
 
-import ast
+from __future__ import annotations
+
 from pathlib import Path
 
-SERVICES_DIR = Path(__file__).resolve().parents[2] / "services"
-SERVICE_PACKAGES = sorted(p.name for p in SERVICES_DIR.iterdir()
-                          if p.is_dir() and (p / "__init__.py").exists() and p.name != "common")
+import pytest
+
+from tests.common.import_rules import layering_violations, package_cycles
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def imported_modules(path: Path) -> set[str]:
-    modules = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            modules.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            modules.add(node.module)
-    return modules
-
-
-def test_services_import_only_common_and_themselves() -> None:
-    assert {"gateway", "tokenizer", "scheduler", "worker"} <= set(SERVICE_PACKAGES)
-    violations = []
-    for package in SERVICE_PACKAGES:
-        for path in (SERVICES_DIR / package).rglob("*.py"):
-            for module in imported_modules(path):
-                parts = module.split(".")
-                if parts[0] == "services" and len(parts) > 1 and parts[1] not in (package, "common"):
-                    violations.append(f"{path.relative_to(SERVICES_DIR.parent)} imports {module}")
+def test_the_tree_keeps_every_layering_rule() -> None:
+    services = {p.name for p in (ROOT / "services").iterdir() if (p / "__init__.py").exists()}
+    assert {"gateway", "batch", "tokenizer", "scheduler", "worker", "kvstore"} <= services
+    violations = layering_violations(ROOT)
     assert not violations, "\n".join(violations)
 
 
-def test_common_imports_no_service() -> None:
-    violations = [
-        f"{path.name} imports {module}"
-        for path in (SERVICES_DIR / "common").rglob("*.py")
-        for module in imported_modules(path)
-        if module.startswith("services.") and not module.startswith("services.common")
-    ]
-    assert not violations, "\n".join(violations)
+def test_no_import_cycle_between_packages() -> None:
+    cycles = package_cycles(ROOT)
+    assert not cycles, "\n".join(cycles)
+
+
+def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    packages = ["services", "services/common", "services/gateway", "services/batch",
+                "services/scheduler", "services/scheduler/core", "kernels"]
+    for package in packages:
+        (tmp_path / package).mkdir(parents=True, exist_ok=True)
+        (tmp_path / package / "__init__.py").write_text("")
+    for name in ("services/common/block_hash.py", "services/common/wire.py",
+                 "services/gateway/app.py", "services/batch/runner.py",
+                 "services/scheduler/service.py", "services/scheduler/core/pool.py",
+                 "kernels/ops.py"):
+        (tmp_path / name).write_text("")
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+PLANTED = [
+    ("services/batch/runner.py", "from services.gateway.app import create_app\n",
+     "a service imports only common"),
+    ("services/gateway/app.py", "import services.batch.runner\n",
+     "a service imports only common"),
+    ("services/common/wire.py", "from services.gateway import app\n",
+     "common imports no service"),
+    ("services/scheduler/core/pool.py",
+     "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+     "    from services.scheduler.service import x\n", "the engine core imports only"),
+    ("services/scheduler/core/pool.py", "from services.common import wire\n",
+     "the engine core imports only"),
+    ("kernels/ops.py", "def build():\n    from services.common.block_hash import h\n",
+     "kernels stand on nothing"),
+]
+
+
+@pytest.mark.parametrize("path,source,rule", PLANTED)
+def test_a_planted_violation_is_caught(tmp_path: Path, path: str, source: str,
+                                       rule: str) -> None:
+    clean = _tree(tmp_path / "clean", {})
+    assert layering_violations(clean) == []
+    planted = _tree(tmp_path / "planted", {path: source})
+    violations = layering_violations(planted)
+    assert len(violations) == 1 and rule in violations[0], violations
+
+
+def test_core_may_import_itself_and_block_hashes(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {"services/scheduler/core/pool.py":
+                            "from services.common.block_hash import h\n"
+                            "from services.scheduler.core import pool\n"})
+    assert layering_violations(root) == []
+
+
+def test_a_planted_cycle_is_caught(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {
+        "services/scheduler/core/pool.py": "from services.scheduler.service import x\n",
+        "services/scheduler/service.py": "from services.scheduler.core.pool import y\n"})
+    assert package_cycles(root) == [
+        "services.scheduler.core.pool -> services.scheduler.service -> "
+        "services.scheduler.core.pool"]

@@ -25,8 +25,12 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from pydantic.json_schema import models_json_schema
 
-from services.gateway.protocol import (ChatCompletionRequest, CompletionRequest,
-                                       DetokenizeRequest, TokenizeRequest)
+from services.common.frontend.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
 from tests.faults.streams import poll
 from tests.mesh import Mesh, http_get, serving
 

@@ -10,13 +10,13 @@ import httpx2 as httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
+from services.common.frontend.auth import ApiKeys, key_id
+from services.common.frontend.context import FrontendContext
+from services.common.frontend.errors import ApiError
+from services.common.frontend.mesh_view import MeshView
+from services.common.frontend.rate_limit import Shortfall, TokenBucket
 from services.common.metrics import GatewayMetrics
 from services.gateway.app import create_app
-from services.gateway.auth import ApiKeys, key_id
-from services.gateway.context import GatewayContext
-from services.gateway.errors import ApiError
-from services.gateway.mesh_view import MeshView
-from services.gateway.rate_limit import Shortfall, TokenBucket
 from services.gateway.settings import GatewaySettings
 
 
@@ -114,7 +114,7 @@ def test_only_admin_keys_may_call_admin_endpoints_when_keys_are_set() -> None:
 
 async def test_reset_prefix_cache_answers_403_to_a_tenant_key_and_runs_for_an_admin() -> None:
     settings = GatewaySettings(api_key=["tenant"], admin_api_key=["operator"])
-    ctx = GatewayContext(settings, SimpleNamespace(gateway_id="auth-test"),  # type: ignore[arg-type]
+    ctx = FrontendContext(settings, SimpleNamespace(gateway_id="auth-test"),  # type: ignore[arg-type]
                          MeshView(60.0), GatewayMetrics(CollectorRegistry()))
     app = create_app(ctx, CollectorRegistry())
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),

@@ -15,7 +15,7 @@ import trustme
 
 from services.common import wire
 from services.common.kv_data_plane import KVTLSSettings, client_tls, server_tls
-from services.worker.kv_connector_transfer import KVTransferThread, LoadResult, SaveResult
+from services.worker.kv.transfer import KVTransferThread, LoadResult, SaveResult
 from tests.kvstore.conftest import running_servicer, stub_for
 from tests.pki import issue
 

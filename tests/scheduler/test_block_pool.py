@@ -93,6 +93,35 @@ def test_kv_events_are_queued_as_blocks_change() -> None:
     assert manager.take_events() == [AllBlocksCleared()]
 
 
+def test_a_replacing_manager_carries_the_old_events_then_clears() -> None:
+    old = KVCacheManager(num_blocks=4, block_size=2, max_model_len=64, enable_caching=True,
+                         enable_kv_events=True)
+    request = Request("a", [5, 6, 7], max_tokens=1, arrival_time=0,
+                      block_hasher=BlockHasher(2))
+    old.allocate_slots(request, 3)
+    new = KVCacheManager(num_blocks=8, block_size=2, max_model_len=64, enable_caching=True,
+                         enable_kv_events=True)
+    new.carry_events_from(old)
+    events = new.take_events()
+    assert [type(e) for e in events] == [BlockStored, AllBlocksCleared]
+    assert old.take_events() == [] and new.take_events() == []
+
+
+def test_evictions_are_recorded_only_when_enabled() -> None:
+    for enabled in (False, True):
+        manager = KVCacheManager(num_blocks=3, block_size=2, max_model_len=64,
+                                 enable_caching=True, enable_eviction_records=enabled)
+        request = Request("a", [5, 6, 7], max_tokens=1, arrival_time=0,
+                          block_hasher=BlockHasher(2))
+        manager.allocate_slots(request, 3)
+        first = manager.req_to_blocks["a"][0]
+        manager.free(request)
+        manager.block_pool.get_new_blocks(2)   # reuses both; only the first held a hash
+        expected = [(first.block_id, request.block_hashes[0])] if enabled else []
+        assert manager.take_evicted_blocks() == expected
+        assert manager.take_evicted_blocks() == []
+
+
 def test_no_events_without_the_flag() -> None:
     manager = KVCacheManager(num_blocks=4, block_size=2, max_model_len=64, enable_caching=True)
     request = Request("a", [5, 6, 7], max_tokens=1, arrival_time=0,

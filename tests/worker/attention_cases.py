@@ -88,7 +88,6 @@ def make_step(case: AttentionCase, seed: int = 0) -> Step:
     common = CommonAttentionMetadata(
         num_reqs=len(query_lens), num_actual_tokens=num_tokens,
         num_decodes=int((query_lens == 1).sum()), max_query_len=int(query_lens.max()),
-        max_seq_len=int(seq_lens.max()),
         query_start_loc=torch.from_numpy(query_start_loc).int(),
         query_start_loc_cpu=query_start_loc, seq_lens=torch.from_numpy(seq_lens).int(),
         seq_lens_cpu=seq_lens, block_table=torch.from_numpy(block_table),

@@ -10,12 +10,14 @@ import pytest
 import torch
 
 from kernels import cpu_ops
+from services.worker.cpu_runtime import cpu_kernels_dir, load_cpu_kernels
 
 
 def require_cpu_ops() -> ModuleType:
-    ops = cpu_ops.load()
+    ops = load_cpu_kernels()
     if ops is None:
-        pytest.skip(f"C++ CPU kernels unavailable: {cpu_ops.unavailable_reason()}")
+        pytest.skip("C++ CPU kernels unavailable: "
+                    f"{cpu_ops.unavailable_reason(cpu_kernels_dir())}")
     return ops
 
 

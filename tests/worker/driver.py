@@ -28,7 +28,6 @@ class DriverRequest:
     eos: tuple[int, ...]
     blocks: list[int] = field(default_factory=list)
     num_computed: int = 0
-    num_computed_at_start: int = 0
     sent: bool = False
     blocks_sent: int = 0
     logprobs: list[tuple[int, float, list[int], list[float]]] = field(default_factory=list)
@@ -65,7 +64,7 @@ class StepDriver:
                             tuple(self.runner.info.eos_token_ids))
         if prefix_of is not None:
             req.blocks = self.requests[prefix_of].blocks[:num_prefix_blocks]
-            req.num_computed = req.num_computed_at_start = num_prefix_blocks * self.block_size
+            req.num_computed = num_prefix_blocks * self.block_size
         self.requests[handle] = req
         return handle
 

@@ -157,27 +157,37 @@ def _agreement(ours: list[list[int]], refs: list[list[int]]) -> tuple[int, list[
     return sum(o == r for o, r in zip(ours, refs)), prefixes
 
 
-def test_bf16_matches_hf_bf16_on_most_prompts(prompts, hf_fp32) -> None:
+def test_bf16_departs_from_hf_bf16_only_at_near_ties(prompts, hf_fp32) -> None:
+    """bf16 keeps ~3 significant digits, so near-tied logits flip with any change in
+    summation order (batching, kernels, the CPU's bf16 GEMM): how many prompts match HF's
+    bf16 for every token depends on the machine. What holds everywhere is that where our
+    bf16 greedy output first departs from HF's, the two tokens were a near-tie: both among
+    the fp32 model's top 5, and their fp32 logits closer than the error bf16 itself adds at
+    that position (HF's bf16 logits against its fp32 ones, over the top 5; at least one bf16
+    step of the largest logit)."""
     hf_bf16 = [hf_greedy_ids(p, MAX_NEW_TOKENS, dtype=torch.bfloat16) for p in prompts]
     ours = _generate(_runner("bfloat16"), prompts)
     matches, prefixes = _agreement(ours, hf_bf16)
-    # NOTE: bf16 keeps ~3 significant digits, so near-tied logits flip with any change in
-    # summation order (batching, kernels); for scale, HF's own bf16 run against its fp32 run.
     hf_self, _ = _agreement(hf_bf16, hf_fp32)
     print(f"bf16: {matches}/{len(prompts)} prompts match HF bf16 for {MAX_NEW_TOKENS} tokens, "
           f"first divergence at {sorted(prefixes)} (HF bf16 matches HF fp32 on "
           f"{hf_self}/{len(prompts)})")
-    assert matches >= len(prompts) // 3
-    # An early divergence must be a near-tie: the two tokens' fp32 logits closer than one
-    # bf16 step (in one prompt here they differ by 0.003 at 12.77, where a step is 0.06).
-    model, _ = hf_model()
+    fp32_model, _ = hf_model()
+    bf16_model, _ = hf_model(torch.bfloat16)
     for prompt, mine, theirs, agreed in zip(prompts, ours, hf_bf16, prefixes):
-        if agreed >= min(4, len(mine), len(theirs)):
-            continue
+        if agreed >= min(len(mine), len(theirs)):
+            continue  # no departure (or one output ended with EOS where the other went on)
+        context = torch.tensor([prompt + mine[:agreed]])
         with torch.no_grad():
-            logits = model(torch.tensor([prompt + mine[:agreed]])).logits[0, -1].float()
-        gap = (logits[mine[agreed]] - logits[theirs[agreed]]).abs().item()
-        assert gap <= logits.max().abs().item() * 2**-7, (prompt, agreed, gap)
+            exact = fp32_model(context).logits[0, -1].float()
+            rounded = bf16_model(context).logits[0, -1].float()
+        ours_token, hf_token = mine[agreed], theirs[agreed]
+        top5 = set(torch.topk(exact, 5).indices.tolist())
+        assert {ours_token, hf_token} <= top5, (prompt, agreed, ours_token, hf_token)
+        gap = (exact[ours_token] - exact[hf_token]).abs().item()
+        bf16_noise = max((rounded - exact)[list(top5)].abs().max().item(),
+                         exact.max().abs().item() * 2**-7)
+        assert gap <= bf16_noise, (prompt, agreed, gap, bf16_noise)
 
 
 def test_fp8_kv_cache_mostly_matches_fp32(prompts, hf_fp32) -> None:

@@ -22,12 +22,13 @@ class BlockPool:
       after it is freed, so a later request can still hit it; the hash is dropped only when the
       block is popped for reuse (eviction), or by `reset_prefix_cache`.
     - With `enable_kv_events`, changes to the cache are queued as events; `take_events` drains.
-    - With `record_evictions`, cached blocks popped for reuse are listed (id, hash) before the
-      hash is dropped, so the KV connector can copy them out first; `take_evicted_blocks`.
+    - With `enable_eviction_records`, cached blocks popped for reuse are listed (id, hash)
+      before the hash is dropped, so the KV connector can copy them out first;
+      `take_evicted_blocks` drains.
     """
 
-    def __init__(self, num_blocks: int, enable_caching: bool,
-                 enable_kv_events: bool = False) -> None:
+    def __init__(self, num_blocks: int, enable_caching: bool, enable_kv_events: bool = False,
+                 enable_eviction_records: bool = False) -> None:
         if num_blocks < 2:
             raise ValueError("need at least 2 blocks (block 0 is the reserved null block)")
         self.num_blocks = num_blocks
@@ -35,14 +36,13 @@ class BlockPool:
         self.enable_kv_events = enable_kv_events
         self.blocks = [KVCacheBlock(block_id) for block_id in range(num_blocks)]
         self.null_block = self.blocks[0]
-        self.null_block.is_null = True
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks[1:])
         # NOTE: one block per hash. When two requests compute the same block before either
         # cached it, the second copy stays unhashed and is simply freed with its request.
         self.cached_block_hash_to_block: dict[BlockHash, KVCacheBlock] = {}
-        self.kv_event_queue: list[KVCacheEvent] = []
-        self.record_evictions = False
-        self.evicted_blocks: list[tuple[int, BlockHash]] = []
+        self.enable_eviction_records = enable_eviction_records
+        self._kv_event_queue: list[KVCacheEvent] = []
+        self._evicted_blocks: list[tuple[int, BlockHash]] = []
 
     # ---- allocate / touch / free ------------------------------------------------------
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
@@ -54,12 +54,12 @@ class BlockPool:
             block.ref_cnt = 1
             if block.block_hash is not None:
                 evicted.append(block.block_hash)
-                if self.record_evictions:
-                    self.evicted_blocks.append((block.block_id, block.block_hash))
+                if self.enable_eviction_records:
+                    self._evicted_blocks.append((block.block_id, block.block_hash))
                 del self.cached_block_hash_to_block[block.block_hash]
                 block.block_hash = None
         if evicted and self.enable_kv_events:
-            self.kv_event_queue.append(BlockRemoved(evicted))
+            self._kv_event_queue.append(BlockRemoved(evicted))
         return blocks
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
@@ -103,9 +103,6 @@ class BlockPool:
         if stored and self.enable_kv_events:
             self._queue_stored_events(request, stored, block_size)
 
-    def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
-        return self.cached_block_hash_to_block.get(block_hash)
-
     def reset_prefix_cache(self) -> bool:
         """Forgets every cached hash; refused (False) while any block is in use, since their
         requests would cache into a half-cleared map."""
@@ -115,7 +112,7 @@ class BlockPool:
         for block in self.blocks:
             block.block_hash = None
         if self.enable_kv_events:
-            self.kv_event_queue.append(AllBlocksCleared())
+            self._kv_event_queue.append(AllBlocksCleared())
         return True
 
     # ---- accounting -------------------------------------------------------------------
@@ -126,12 +123,21 @@ class BlockPool:
         """Fraction of usable blocks referenced by requests (0..1)."""
         return 1.0 - self.free_block_queue.num_free_blocks / (self.num_blocks - 1)
 
+    # ---- events and evictions ---------------------------------------------------------
     def take_events(self) -> list[KVCacheEvent]:
-        events, self.kv_event_queue = self.kv_event_queue, []
+        events, self._kv_event_queue = self._kv_event_queue, []
         return events
 
+    def carry_events_from(self, old: BlockPool) -> None:
+        """This pool replaces `old`: the events `old` has not handed out yet come first, then
+        (with events on) AllBlocksCleared, so subscribers forget the old pool's blocks."""
+        events = old.take_events()
+        if self.enable_kv_events:
+            events.append(AllBlocksCleared())
+        self._kv_event_queue[:0] = events
+
     def take_evicted_blocks(self) -> list[tuple[int, BlockHash]]:
-        evicted, self.evicted_blocks = self.evicted_blocks, []
+        evicted, self._evicted_blocks = self._evicted_blocks, []
         return evicted
 
     def _queue_stored_events(self, request: Request, indices: list[int], block_size: int) -> None:
@@ -143,7 +149,7 @@ class BlockPool:
                 continue
             first, last = indices[start], indices[end - 1]
             hasher = request.block_hasher
-            self.kv_event_queue.append(BlockStored(
+            self._kv_event_queue.append(BlockStored(
                 block_hashes=hashes[first:last + 1],
                 parent_block_hash=hashes[first - 1] if first > 0 else None,
                 token_ids=tokens[first * block_size:(last + 1) * block_size],

@@ -44,11 +44,13 @@ class PrefixCacheStats:
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, max_model_len: int,
-                 enable_caching: bool, enable_kv_events: bool = False) -> None:
+                 enable_caching: bool, enable_kv_events: bool = False,
+                 enable_eviction_records: bool = False) -> None:
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
-        self.block_pool = BlockPool(num_blocks, enable_caching, enable_kv_events)
+        self.block_pool = BlockPool(num_blocks, enable_caching, enable_kv_events,
+                                    enable_eviction_records)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         # How many leading blocks of each request have been offered to the prefix cache.
         self.num_cached_block: dict[str, int] = {}
@@ -168,8 +170,17 @@ class KVCacheManager:
         stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
         return stats
 
+    def get_cached_block_hashes(self) -> list[BlockHash]:
+        """Every hash in the prefix cache (a snapshot for late event subscribers)."""
+        return list(self.block_pool.cached_block_hash_to_block)
+
     def take_events(self) -> list[KVCacheEvent]:
         return self.block_pool.take_events()
+
+    def carry_events_from(self, old: KVCacheManager) -> None:
+        """This manager replaces `old` (the pool was resized): its events still reach
+        subscribers, followed by AllBlocksCleared."""
+        self.block_pool.carry_events_from(old.block_pool)
 
     def take_evicted_blocks(self) -> list[tuple[int, BlockHash]]:
         """(block id, hash) of cached blocks reused since the last call (when recorded)."""

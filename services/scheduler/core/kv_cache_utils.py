@@ -10,8 +10,7 @@ from services.common.block_hash import BlockHash
 class KVCacheBlock:
     """One block of `block_size` token slots in the worker's KV tensors."""
 
-    __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free_block", "next_free_block",
-                 "is_null")
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free_block", "next_free_block")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
@@ -21,7 +20,6 @@ class KVCacheBlock:
         freed and cleared only when it is popped for reuse."""
         self.prev_free_block: KVCacheBlock | None = None
         self.next_free_block: KVCacheBlock | None = None
-        self.is_null = False
 
     def __repr__(self) -> str:
         cached = self.block_hash.hex()[:8] if self.block_hash is not None else None

@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeAlias
 
 if TYPE_CHECKING:
+    from services.scheduler.core.kv_connector import KVConnectorMetadata, KVConnectorOutput
     from services.scheduler.core.request import Request
-    from services.scheduler.kv_connector import KVConnectorMetadata, KVConnectorOutput
+
+# NOTE: the worker's sampling parameters (the service stores the wire's SamplingParams; the
+# step codec sends it on). The core never reads it, so it stays opaque: `object` names no
+# wire type and lets no core code read its fields unnoticed, and no per-request conversion
+# copies fields the core would never use.
+SamplingPayload: TypeAlias = object
 
 
 class FinishReason(enum.IntEnum):
@@ -40,7 +46,7 @@ class NewRequestData:
     block_ids: list[int]
     num_computed_tokens: int
     """Tokens whose KV is already in `block_ids` (prefix-cache hits); the worker runs from here."""
-    sampling: Any
+    sampling: SamplingPayload
 
 
 @dataclass(slots=True)

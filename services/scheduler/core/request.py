@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Collection, Sequence
-from typing import Any
 
 from services.common.block_hash import BlockHash, BlockHasher
-from services.scheduler.core.output import FinishReason
+from services.scheduler.core.output import FinishReason, SamplingPayload
 
 
 class RequestStatus(enum.IntEnum):
@@ -67,7 +66,7 @@ class Request:
         cache_salt: str = "",
         lora_id: int = 0,
         skip_prefix_cache: bool = False,
-        sampling: Any = None,
+        sampling: SamplingPayload = None,
         block_hasher: BlockHasher | None = None,
         do_remote_decode: bool = False,
     ) -> None:

@@ -10,20 +10,17 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
 
 from services.common.block_hash import BlockHasher
 from services.scheduler.core.config import SchedulerConfig
 from services.scheduler.core.errors import AdmissionRejected, RequestTooLong
 from services.scheduler.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
-from services.scheduler.core.kv_events import AllBlocksCleared, KVCacheEvent
+from services.scheduler.core.kv_connector import SchedulerKVConnector
+from services.scheduler.core.kv_events import KVCacheEvent
 from services.scheduler.core.output import (CachedRequestData, EngineCoreOutput, NewRequestData,
                                             RunnerOutput, SchedulerOutput, SchedulerStats)
 from services.scheduler.core.request import Request, RequestStatus
 from services.scheduler.core.request_queue import create_request_queue
-
-if TYPE_CHECKING:
-    from services.scheduler.kv_connector import SchedulerKVConnector
 
 _INT32_MAX = 2**31 - 1
 # NOTE: a fixed hint; the queue drains at a rate the core does not measure.
@@ -494,10 +491,7 @@ class Scheduler:
         old = self.kv_cache_manager
         self._collect_prefix_cache_stats()
         self.kv_cache_manager = self._make_kv_cache_manager(num_blocks)
-        # Subscribers must forget the old pool's blocks.
-        self.kv_cache_manager.block_pool.kv_event_queue = old.take_events()
-        if self.config.enable_kv_events:
-            self.kv_cache_manager.block_pool.kv_event_queue.append(AllBlocksCleared())
+        self.kv_cache_manager.carry_events_from(old)
         too_long = []
         for request in list(self.waiting):
             try:
@@ -508,11 +502,10 @@ class Scheduler:
         return self.abort_requests(too_long, RequestStatus.FINISHED_ERROR)
 
     def _make_kv_cache_manager(self, num_blocks: int) -> KVCacheManager:
-        manager = KVCacheManager(num_blocks, self.block_size, self.max_model_len,
-                                 self.config.enable_prefix_caching, self.config.enable_kv_events)
-        manager.block_pool.record_evictions = (self.kv_connector is not None
-                                               and self.kv_connector.saves_on_eviction)
-        return manager
+        return KVCacheManager(num_blocks, self.block_size, self.max_model_len,
+                              self.config.enable_prefix_caching, self.config.enable_kv_events,
+                              enable_eviction_records=(self.kv_connector is not None
+                                                       and self.kv_connector.saves_on_eviction))
 
     # ==== queries ========================================================================
     def has_unfinished_requests(self) -> bool:

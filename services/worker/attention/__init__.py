@@ -30,9 +30,9 @@ def get_attention_backend_cls(name: str, device: torch.device,
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch"
     if name == "torch":
-        from kernels import cpu_ops
+        from services.worker.cpu_runtime import load_cpu_kernels
 
-        if device.type == "cpu" and kv_cache_dtype != "fp8" and cpu_ops.load() is not None:
+        if device.type == "cpu" and kv_cache_dtype != "fp8" and load_cpu_kernels() is not None:
             from services.worker.attention.cpu_attn import CpuAttentionBackend
 
             return CpuAttentionBackend

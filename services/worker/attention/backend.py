@@ -46,7 +46,6 @@ class CommonAttentionMetadata:
     num_actual_tokens: int
     num_decodes: int
     max_query_len: int
-    max_seq_len: int
     query_start_loc: torch.Tensor      # int32 [num_reqs + 1], on the device
     query_start_loc_cpu: np.ndarray
     seq_lens: torch.Tensor             # int32 [num_reqs]: context length incl. this step's query

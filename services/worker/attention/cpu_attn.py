@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from kernels import cpu_ops
 from services.worker.attention.backend import CommonAttentionMetadata, KVCache
 from services.worker.attention.torch_attn import TorchAttentionBackend
+from services.worker.cpu_runtime import load_cpu_kernels
 
 
 @dataclass
@@ -37,9 +37,9 @@ class CpuAttentionBackend(TorchAttentionBackend):
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
                  block_size: int, ops: ModuleType | None = None):
-        """ops: the loaded kernels (default: kernels.cpu_ops.load())."""
+        """ops: the loaded kernels (default: load_cpu_kernels())."""
         super().__init__(num_heads, num_kv_heads, head_dim, scale, block_size)
-        ops = ops or cpu_ops.load()
+        ops = ops or load_cpu_kernels()
         self.ops = ops if ops is not None and ops.supports_head_dim(head_dim) else None
 
     def build_metadata(self, common: CommonAttentionMetadata) -> Any:

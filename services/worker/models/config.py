@@ -34,14 +34,6 @@ class ModelConfig:
     sliding_window: int | None
     eos_token_ids: list[int] = field(default_factory=list)
 
-    @property
-    def q_size(self) -> int:
-        return self.num_attention_heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.num_key_value_heads * self.head_dim
-
     @classmethod
     def from_hf_dir(cls, model_dir: Path) -> ModelConfig:
         hf = json.loads((model_dir / "config.json").read_text())

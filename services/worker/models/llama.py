@@ -18,8 +18,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu_ops
 from services.worker.attention.backend import AttentionBackend, KVCache
+from services.worker.cpu_runtime import load_cpu_kernels
 from services.worker.models.config import ModelConfig
 from services.worker.models.quantized import BlockSource
 from services.worker.models.layer_ops import CpuLayerOps, TorchLayerOps
@@ -105,7 +105,7 @@ class LlamaForCausalLM:
         self.config = config
         # NOTE: on CPU the layers' small steps run as fused C++ kernels where they could be
         # built (kernels/cpu_ops.py), in torch otherwise.
-        kernels = cpu_ops.load() if weights.device.type == "cpu" else None
+        kernels = load_cpu_kernels() if weights.device.type == "cpu" else None
         self.ops = CpuLayerOps(kernels) if kernels is not None else TorchLayerOps()
         self.rotary = RotaryEmbedding(config.head_dim, max_position, config.rope_theta,
                                       config.rope_scaling, weights.dtype, weights.device, kernels)

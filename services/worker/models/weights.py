@@ -26,7 +26,6 @@ class WeightSource:
         for handle in self._handles:
             for name in handle.keys():
                 self._name_to_handle[name.removeprefix("model.")] = (handle, name)
-        self.num_bytes_read = 0
 
     def __contains__(self, name: str) -> bool:
         return name in self._name_to_handle
@@ -37,7 +36,6 @@ class WeightSource:
         except KeyError:
             raise KeyError(f"weight {name!r} missing from the checkpoint") from None
         tensor = handle.get_tensor(stored_name)
-        self.num_bytes_read += tensor.numel() * tensor.element_size()
         return tensor.to(device=self.device, dtype=self.dtype).contiguous()
 
     def get_fused(self, names: list[str]) -> torch.Tensor:

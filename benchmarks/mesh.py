@@ -1,0 +1,74 @@
+"""Benchmarks the whole mesh the way users run it: `llm-mesh up` with the given flags, then
+`llm-mesh bench serve` against it, then a clean stop. Several configurations run one after
+the other in one invocation, so a comparison is measured in one run on one machine.
+
+    python -m benchmarks.mesh \
+        --config "fp32=--dtype float32" --config "bf16=--dtype bfloat16" \
+        --bench "--workload random --input-len 128 --output-len 128 --ignore-eos \
+                 --max-concurrency 8 --num-prompts 16"
+
+Each --bench runs in turn against each configuration's mesh. Prints the bench reports, the
+mesh overhead (the share of engine step time spent in NATS messaging and serialization,
+from the scheduler's metrics) and writes JSON results and every service's /metrics under
+--out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+
+from benchmarks.harness import (REPO_ROOT, RunningMesh, bench_serve, mesh_up, metrics_url,
+                                print_preamble, scrape, service_health_urls, sum_of)
+from llm_mesh.bench.metrics import BenchmarkMetrics
+
+
+def scrape_services(mesh: RunningMesh, label: str, out_dir: Path) -> None:
+    """Saves the gateway's and each service's own /metrics and prints the mesh overhead the
+    scheduler measured over the whole run."""
+    (out_dir / f"{label}.gateway-metrics.txt").write_text(scrape(f"{mesh.url}/metrics"))
+    for service, health in service_health_urls(mesh.log).items():
+        text = scrape(metrics_url(health))
+        (out_dir / f"{label}.{service}-metrics.txt").write_text(text)
+        if service == "scheduler":
+            step = sum_of(text, "llm_mesh:engine_step_seconds_sum")
+            messaging = sum_of(text, "llm_mesh:step_messaging_seconds_sum")
+            steps = sum_of(text, "llm_mesh:engine_step_seconds_count")
+            if steps:
+                print(f"mesh overhead ({label}): {steps:.0f} steps, step {1e3 * step / steps:.2f}"
+                      f" ms mean, NATS messaging + serialization "
+                      f"{1e3 * messaging / steps:.2f} ms mean = {100 * messaging / step:.1f}% "
+                      f"of step time", flush=True)
+
+
+def run_config(label: str, up_args: Sequence[str], benches: Sequence[Sequence[str]],
+               out_dir: Path) -> list[BenchmarkMetrics]:
+    """One mesh with `up_args`, every bench against it in turn; their metrics (results
+    under `out_dir` as `{label}.{index}.json`)."""
+    with mesh_up(up_args, out_dir / f"{label}.mesh.log") as mesh:
+        print(f"\n### {label}: llm-mesh up {' '.join(up_args)}", flush=True)
+        results = [bench_serve(mesh.url, out_dir / f"{label}.{index}.json", bench_args)
+                   for index, bench_args in enumerate(benches)]
+        scrape_services(mesh, label, out_dir)
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", action="append", required=True,
+                        help='"label=<llm-mesh up flags>"; repeat to compare')
+    parser.add_argument("--bench", action="append", required=True,
+                        help="llm-mesh bench serve flags; repeat to run several in turn")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench-results")
+    args = parser.parse_args(argv)
+    print_preamble()
+    args.out.mkdir(parents=True, exist_ok=True)
+    for config in args.config:
+        label, _, flags = config.partition("=")
+        run_config(label, shlex.split(flags), [shlex.split(b) for b in args.bench], args.out)
+
+
+if __name__ == "__main__":
+    main()

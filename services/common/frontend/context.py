@@ -1,0 +1,25 @@
+"""What every request handler needs (in the gateway or the batch runner), in one object."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.common.frontend.generation import GenerationRun, new_request_id
+from services.common.frontend.mesh_client import MeshClient
+from services.common.frontend.mesh_view import MeshView
+from services.common.frontend.request_stats import RequestTimer
+from services.common.frontend.settings import FrontendSettings
+from services.common.metrics import GatewayMetrics
+
+
+@dataclass
+class FrontendContext:
+    settings: FrontendSettings
+    client: MeshClient
+    view: MeshView
+    metrics: GatewayMetrics
+
+    def new_run(self, id_prefix: str, model: str) -> GenerationRun:
+        request_id = new_request_id(id_prefix)
+        return GenerationRun(self.client, self.view, request_id, self.settings.request_timeout_s,
+                             RequestTimer(self.metrics, model, request_id))

@@ -1,0 +1,261 @@
+"""One HTTP request's generations: pick an engine, encode each prompt, check the context
+length, submit every choice, then hand out their text deltas until all have finished.
+Whatever way the HTTP request ends, `close()` aborts the choices still running."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import structlog
+
+from services.common import wire
+from services.common.frontend.auth import Tenant
+from services.common.frontend.disaggregation import as_prefill, prefill_remotely, prefill_request_id
+from services.common.frontend.errors import ApiError, context_length_exceeded, unavailable
+from services.common.frontend.mesh_client import Generation, MeshClient, TextDelta
+from services.common.frontend.mesh_view import EngineView, MeshView
+from services.common.frontend.request_stats import RequestTimer
+from services.common.packing import unpack_int32
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class PromptInput:
+    """What to encode for one prompt: the EncodeRequest fields of its `input` oneof."""
+    prompt: str | None = None
+    chat: wire.ChatMessages | None = None
+    token_ids: bytes | None = None
+    add_generation_prompt: bool = False
+    continue_final_message: bool = False
+    add_special_tokens: bool = True
+    chat_template: str = ""
+    chat_template_kwargs_json: str = ""
+
+
+@dataclass
+class EncodedPrompt:
+    token_ids: bytes
+    num_tokens: int
+    tokenizer_id: str
+    request_ids: list[str]
+    detokenize: wire.DetokenizeParams | None = None
+
+
+@dataclass
+class GenerationPlan:
+    model: str
+    prompts: list[PromptInput]
+    n: int
+    max_tokens: int | None                       # None: up to the context length
+    make_sampling: Callable[[int, int | None], wire.SamplingParams]  # (max_tokens, seed)
+    make_detokenize: Callable[[str], wire.DetokenizeParams]         # (engine id)
+    seed: int | None
+    priority: int = 0
+    cache_salt: str = ""
+    max_tokens_param: str = "max_tokens"
+
+
+def new_request_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+@dataclass
+class GenerationRun:
+    client: MeshClient
+    view: MeshView
+    request_id: str
+    request_timeout_s: float
+    timer: RequestTimer
+    engine: EngineView | None = None
+    prefill_engine: EngineView | None = None      # P/D: a producer prefills each prompt first
+    prompts: list[EncodedPrompt] = field(default_factory=list)
+    generations: list[Generation] = field(default_factory=list)
+    created: int = field(default_factory=lambda: int(time.time()))
+    _queue: asyncio.Queue[TextDelta] = field(default_factory=asyncio.Queue)
+    _num_tokens: dict[int, int] = field(default_factory=dict)   # choice index -> tokens
+    _n: int = 1
+
+    async def start(self, plan: GenerationPlan, tenant: Tenant | None = None) -> None:
+        """Encodes, checks and submits every choice. A tenant (the API key's) salts the
+        prefix cache and pays for prompt + max_tokens from its token bucket (429 if empty)."""
+        self._n = plan.n
+        if tenant is not None:
+            plan.cache_salt = tenant.cache_salt(plan.cache_salt)
+            self.timer.key_id = tenant.key_id
+        self.engine = self._pick_engine(plan.model)
+        # NOTE: counted as in flight on the engine from the pick, not only once submitted
+        # (after encoding): requests arriving together would all pick the same idle engine.
+        reserved = plan.n * len(plan.prompts)
+        self.view.track(self.engine.engine_id, +reserved)
+        try:
+            await self._encode_and_submit(plan, tenant)
+        finally:
+            self.view.track(self.engine.engine_id, -reserved)
+
+    async def _encode_and_submit(self, plan: GenerationPlan, tenant: Tenant | None) -> None:
+        assert self.engine is not None
+        self.prefill_engine = self.view.pick_prefill_engine(plan.model)
+        started = time.perf_counter()
+        encoded = await asyncio.gather(*(self._encode(plan, p, i)
+                                         for i, p in enumerate(plan.prompts)),
+                                       return_exceptions=True)
+        self.timer.tokenized(time.perf_counter() - started)
+        self.prompts = [e for e in encoded if isinstance(e, EncodedPrompt)]
+        errors = [e for e in encoded if isinstance(e, BaseException)]
+        if errors:
+            await self._release_all()
+            raise errors[0]
+        try:
+            requests = self._generate_requests(plan)
+            if tenant is not None:
+                await tenant.charge(sum(r.sampling.max_tokens + len(r.prompt_token_ids) // 4
+                                  for r in requests))
+        except ApiError:
+            await self._release_all()
+            raise
+        if self.prefill_engine is not None:
+            first = {r.request_id: r for r in requests}
+            await prefill_remotely(self.client, self.prefill_engine, plan.model, [
+                as_prefill(first[p.request_ids[0]], prefill_request_id(self.request_id, i))
+                for i, p in enumerate(self.prompts)], self.request_timeout_s)
+        detokenize = {rid: p.detokenize for p in self.prompts for rid in p.request_ids}
+        results = await asyncio.gather(
+            *(self._submit(plan.model, request, index, detokenize[request.request_id])
+              for index, request in enumerate(requests)), return_exceptions=True)
+        self.generations = [r for r in results if isinstance(r, Generation)]
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            await self.close()
+            await self._release_all()
+            raise failures[0]
+
+    async def _submit(self, model: str, request: wire.GenerateRequest, index: int,
+                      detokenize: wire.DetokenizeParams | None) -> Generation:
+        """Submits to the chosen engine; an engine that is gone, not ready or full hands the
+        request to the next least-loaded one (it has not started anywhere yet)."""
+        assert self.engine is not None
+        engine, tried = self.engine, set()
+        while True:
+            try:
+                return await self.client.submit(engine, request, index, self._queue,
+                                                model=model, detokenize=detokenize)
+            except ApiError as exc:
+                if exc.status != 503:
+                    raise
+                tried.add(engine.engine_id)
+                others = [e for e in self.view.ready_engines(model) if e.engine_id not in tried]
+                if not others:
+                    raise
+                log.info("engine refused a request; submitting to another",
+                         request_id=request.request_id, engine=engine.engine_id,
+                         code=exc.code, error=exc.message)
+                engine = min(others, key=lambda e: (e.load, e.engine_id))
+
+    def _pick_engine(self, model: str) -> EngineView:
+        engine = self.view.pick_engine(model)
+        if engine is not None:
+            return engine
+        models = self.view.models()
+        if models:
+            raise ApiError(404, f"The model `{model}` does not exist.", param="model",
+                           code="model_not_found")
+        raise unavailable("no engine is ready yet; retry shortly", code="engine_unavailable")
+
+    async def _encode(self, plan: GenerationPlan, prompt: PromptInput,
+                      prompt_index: int) -> EncodedPrompt:
+        assert self.engine is not None
+        child_ids = [f"{self.request_id}-{prompt_index}-{i}" for i in range(plan.n)]
+        detokenize = plan.make_detokenize(self.engine.engine_id)
+        request = wire.EncodeRequest(
+            add_generation_prompt=prompt.add_generation_prompt,
+            continue_final_message=prompt.continue_final_message,
+            add_special_tokens=prompt.add_special_tokens, chat_template=prompt.chat_template,
+            chat_template_kwargs_json=prompt.chat_template_kwargs_json,
+            request_ids=child_ids + self._prefill_ids(prompt_index), detokenize=detokenize)
+        if prompt.chat is not None:
+            request.chat = prompt.chat
+        elif prompt.token_ids is not None:
+            request.prompt_token_ids = prompt.token_ids
+        else:
+            request.prompt = prompt.prompt or ""
+        reply = await self.client.encode(request)
+        return EncodedPrompt(reply.token_ids, len(reply.token_ids) // 4, reply.tokenizer_id,
+                             child_ids, detokenize)
+
+    def _prefill_ids(self, prompt_index: int) -> list[str]:
+        """P/D: the prompt's prefill request, registered with the tokenizer beside its choices
+        so its finish comes back here."""
+        if self.prefill_engine is None:
+            return []
+        return [prefill_request_id(self.request_id, prompt_index)]
+
+    def _generate_requests(self, plan: GenerationPlan) -> list[wire.GenerateRequest]:
+        assert self.engine is not None
+        max_len = self.engine.max_model_len
+        requests = []
+        for prompt in self.prompts:
+            if prompt.num_tokens == 0:
+                raise ApiError(400, "the prompt is empty", param="prompt")
+            max_tokens = plan.max_tokens
+            if max_tokens is None:
+                max_tokens = max_len - prompt.num_tokens
+            if max_tokens < 1 or prompt.num_tokens + max_tokens > max_len:
+                raise context_length_exceeded(max_len, prompt.num_tokens, max(max_tokens, 1),
+                                              plan.max_tokens_param)
+            for i, child_id in enumerate(prompt.request_ids):
+                seed = None if plan.seed is None else plan.seed + i
+                requests.append(wire.GenerateRequest(
+                    request_id=child_id, prompt_token_ids=prompt.token_ids,
+                    sampling=plan.make_sampling(max_tokens, seed), priority=plan.priority,
+                    cache_salt=plan.cache_salt, tokenizer_id=prompt.tokenizer_id,
+                    arrival_time=time.time()))
+        return requests
+
+    async def deltas(self) -> AsyncIterator[TextDelta]:
+        """Every choice's deltas, in arrival order, until all have finished."""
+        remaining = len(self.generations)
+        while remaining:
+            try:
+                delta = await asyncio.wait_for(self._queue.get(), self.request_timeout_s)
+            except asyncio.TimeoutError:
+                raise unavailable(f"no output for {self.request_timeout_s:.0f} s; the request "
+                                  f"was aborted", code="timeout") from None
+            self._account(delta)
+            if delta.finish is not None:
+                remaining -= 1
+            yield delta
+
+    def _account(self, delta: TextDelta) -> None:
+        index = delta.index
+        self._num_tokens[index] = self._num_tokens.get(index, 0) + delta.num_new_tokens
+        self.timer.on_output(index, delta.num_new_tokens)
+        if delta.finish is not None:
+            generation = self.generations[index]
+            self.timer.on_finished(index, generation.request_id, delta.finish,
+                                   self._num_tokens[index], count_prompt=index % self._n == 0,
+                                   num_moves=generation.num_moves)
+
+    def prompt_token_ids(self, prompt_index: int) -> list[int]:
+        return unpack_int32(self.prompts[prompt_index].token_ids).tolist()
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(p.num_tokens for p in self.prompts)
+
+    async def close(self) -> None:
+        """Aborts every choice still running (client gone, error, timeout)."""
+        for generation in self.generations:
+            if not generation.finished:
+                self.timer.on_aborted(generation.index, generation.request_id,
+                                      self._num_tokens.get(generation.index, 0))
+        await self.client.abort(self.generations)
+
+    async def _release_all(self) -> None:
+        for index, prompt in enumerate(self.prompts):
+            await self.client.release(prompt.tokenizer_id,
+                                      prompt.request_ids + self._prefill_ids(index))

@@ -1,0 +1,136 @@
+"""The life of one generation request (chat or completions), shared by both endpoints:
+start the run, then either collect every choice into one JSON response or stream SSE
+chunks, with usage as `stream_options` asks. A subclass says how its choices look."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar, Generic, TypeVar
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from services.common.frontend.auth import tenant_of
+from services.common.frontend.context import FrontendContext
+from services.common.frontend.generation import GenerationPlan
+from services.common.frontend.mesh_client import TextDelta
+from services.common.frontend.protocol import ChatCompletionRequest, CompletionRequest
+from services.common.frontend.responses import (
+    SSE_DONE,
+    ChoiceState,
+    error_of,
+    sse,
+    until_disconnect,
+    usage,
+)
+from services.common.logs import bind_request_id, request_log_context
+
+C = TypeVar("C", bound=ChoiceState)
+Body = TypeVar("Body", ChatCompletionRequest, CompletionRequest)
+
+
+class GenerationHandler(ABC, Generic[Body, C]):
+    object_name: ClassVar[str]        # of the whole response
+    chunk_object_name: ClassVar[str]  # of a streamed chunk
+    id_prefix: ClassVar[str]
+
+    def __init__(self, body: Body, ctx: FrontendContext) -> None:
+        self.body = body
+        self.ctx = ctx
+        self.run = ctx.new_run(self.id_prefix, body.model)
+        options = body.stream_options
+        self._include_usage = bool(options is not None and options.include_usage)
+        self._continuous_usage = self._include_usage and bool(
+            options is not None and options.continuous_usage_stats)
+
+    # ---- what a subclass provides
+
+    @abstractmethod
+    def plan(self) -> GenerationPlan:
+        """Validates the body into the prompts and parameters to run (400 on bad input)."""
+
+    async def prepare(self) -> None:
+        """Runs after the request was submitted, before any output is read."""
+
+    @abstractmethod
+    def new_choice(self, index: int) -> C:
+        """The state one choice accumulates."""
+
+    @abstractmethod
+    def choice_json(self, index: int, choice: C) -> dict[str, Any]:
+        """The finished choice, in the non-streamed response."""
+
+    @abstractmethod
+    def chunk_choice(self, index: int, choice: C, delta: TextDelta) -> dict[str, Any] | None:
+        """The streamed chunk's choice for `delta` (already added to `choice`); None when
+        the delta carries nothing a client would see."""
+
+    def opening_chunk_choices(self, count: int) -> list[dict[str, Any]]:
+        """Choices sent before any output (chat sends each choice's role first)."""
+        return []
+
+    def add(self, choice: C, delta: TextDelta) -> None:
+        choice.add(delta)
+
+    # ---- the shared life of a request
+
+    async def respond(self, request: Request) -> JSONResponse | StreamingResponse:
+        with request_log_context(self.run.request_id):
+            await self.run.start(self.plan(), tenant_of(request))
+            try:
+                await self.prepare()
+            except BaseException:
+                await self.run.close()
+                raise
+            if self.body.stream:
+                return StreamingResponse(self._stream(), media_type="text/event-stream")
+            return JSONResponse(await until_disconnect(request, self._collect(), self.run))
+
+    def _new_choices(self) -> list[C]:
+        return [self.new_choice(i) for i in range(len(self.run.generations))]
+
+    async def _collect(self) -> dict[str, Any]:
+        choices = self._new_choices()
+        async for delta in self.run.deltas():
+            if (error := error_of(delta)) is not None:
+                raise error
+            self.add(choices[delta.index], delta)
+        return {"id": self.run.request_id, "object": self.object_name,
+                "created": self.run.created, "model": self.body.model,
+                "choices": [self.choice_json(i, c) for i, c in enumerate(choices)],
+                "usage": usage(self.run, choices)}
+
+    async def _stream(self) -> AsyncIterator[bytes]:
+        bind_request_id(self.run.request_id)
+        choices = self._new_choices()
+        try:
+            for opening in self.opening_chunk_choices(len(choices)):
+                yield sse(self._chunk([opening]))
+            async for delta in self.run.deltas():
+                if (error := error_of(delta)) is not None:
+                    yield sse(error.body())
+                    break
+                choice = choices[delta.index]
+                self.add(choice, delta)
+                if (chunk_choice := self.chunk_choice(delta.index, choice, delta)) is None:
+                    continue
+                yield sse(self._chunk([chunk_choice], usage(self.run, choices)
+                                      if self._continuous_usage else None))
+            else:
+                if self._include_usage:
+                    yield sse(self._chunk([], usage(self.run, choices)))
+            yield SSE_DONE
+        finally:
+            await self.run.close()
+
+    def _chunk(self, choices: list[dict[str, Any]],
+               chunk_usage: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A streamed chunk; with usage asked for, every chunk has the field (null but in
+        the last chunk and with continuous usage stats), as OpenAI's client expects."""
+        chunk: dict[str, Any] = {"id": self.run.request_id, "object": self.chunk_object_name,
+                                 "created": self.run.created, "model": self.body.model,
+                                 "choices": choices}
+        if self._include_usage:
+            chunk["usage"] = chunk_usage
+        return chunk

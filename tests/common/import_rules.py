@@ -1,0 +1,135 @@
+"""The layering rules of the code base, as a checker over a source tree.
+
+- A service package (a folder under services/ other than common) imports only
+  services.common and itself: the wire is the only coupling between services.
+- services.common imports no service.
+- The scheduler's engine core (services/scheduler/core) does no I/O and knows no wire
+  types: it imports only itself and services.common.block_hash.
+- kernels/ stands on nothing in services/.
+- No import cycle among files of different packages (folders).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+CORE = "services.scheduler.core"
+CORE_MAY_IMPORT = ("services.common.block_hash",)
+
+
+def module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_modules(root: Path, path: Path) -> set[str]:
+    """Every module `path` imports, anywhere in the file (TYPE_CHECKING blocks and function
+    bodies included), relative imports resolved."""
+    package = module_name(root, path).split(".")
+    if path.name != "__init__.py":
+        package.pop()
+    modules = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            modules.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            # `from services.x import y` names the module services.x.y when there is one.
+            for alias in node.names:
+                submodule = root / Path(*module.split("."), alias.name)
+                is_module = submodule.is_dir() or submodule.with_suffix(".py").exists()
+                modules.add(f"{module}.{alias.name}" if is_module else module)
+    return modules
+
+
+def _sources(root: Path, top: str) -> Iterator[Path]:
+    yield from sorted((root / top).rglob("*.py")) if (root / top).is_dir() else ()
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def layering_violations(root: Path) -> list[str]:
+    services_dir = root / "services"
+    service_packages = sorted(p.name for p in services_dir.iterdir()
+                              if p.is_dir() and (p / "__init__.py").exists() and p.name != "common")
+    violations = []
+    for path in _sources(root, "services"):
+        name = module_name(root, path)
+        own = ".".join(name.split(".")[:2])
+        for module in imported_modules(root, path):
+            if not _within(module, "services") or module == "services":
+                continue
+            target = ".".join(module.split(".")[:2])
+            where = f"{path.relative_to(root)} imports {module}"
+            if own == "services.common" and target != "services.common":
+                violations.append(f"{where} (common imports no service)")
+            elif own.split(".")[1] in service_packages and target not in (own, "services.common"):
+                violations.append(f"{where} (a service imports only common and itself)")
+            if _within(name, CORE) and not _within(module, CORE) \
+                    and not any(_within(module, allowed) for allowed in CORE_MAY_IMPORT):
+                violations.append(f"{where} (the engine core imports only itself and "
+                                  f"{', '.join(CORE_MAY_IMPORT)})")
+    for path in _sources(root, "kernels"):
+        violations.extend(f"{path.relative_to(root)} imports {module} (kernels stand on "
+                          f"nothing in services)"
+                          for module in imported_modules(root, path)
+                          if _within(module, "services"))
+    return violations
+
+
+def package_cycles(root: Path, tops: tuple[str, ...] = ("services", "kernels")) -> list[str]:
+    """Import cycles among files that span more than one package (folder)."""
+    files = {module_name(root, path): path for top in tops for path in _sources(root, top)}
+    edges: dict[str, set[str]] = defaultdict(set)
+    for name, path in files.items():
+        edges[name] = {module for module in imported_modules(root, path)
+                       if module in files and module != name}
+    return [" -> ".join(cycle) for cycle in _cycles(edges)
+            if len({_package_of(files[member]) for member in cycle}) > 1]
+
+
+def _package_of(path: Path) -> Path:
+    return path.parent
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component with more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(edges.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component) + [sorted(component)[0]])
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return components

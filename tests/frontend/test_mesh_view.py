@@ -1,0 +1,48 @@
+from services.common import wire
+from services.common.frontend.mesh_view import MeshView
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def beat(service: str, instance: str, ready: bool = True, engine_id: str = "",
+         running: int = 0, model: str = "m") -> wire.Heartbeat:
+    info = wire.EngineInfo(model=model, max_model_len=2048, num_running=running) \
+        if service == "scheduler" else None
+    return wire.Heartbeat(service=service, instance_id=instance, ready=ready,
+                          reason="" if ready else "loading model", engine_id=engine_id,
+                          engine=info)
+
+
+def test_health_needs_a_ready_tokenizer_scheduler_and_worker() -> None:
+    view = MeshView(stale_after_s=3.0, clock=Clock())
+    assert view.health()[0] is False
+    view.on_heartbeat(beat("tokenizer", "t1"))
+    view.on_heartbeat(beat("scheduler", "s1", engine_id="e0"))
+    view.on_heartbeat(beat("worker", "w1", ready=False, engine_id="e0"))
+    ok, detail = view.health()
+    assert not ok and detail["worker"] == "not ready: loading model"
+    view.on_heartbeat(beat("worker", "w1", engine_id="e0"))
+    assert view.health()[0] is True
+
+
+def test_silent_instances_are_swept_and_engines_picked_by_load() -> None:
+    clock = Clock()
+    view = MeshView(stale_after_s=3.0, clock=clock)
+    view.on_heartbeat(beat("scheduler", "s1", engine_id="e0", running=5))
+    view.on_heartbeat(beat("scheduler", "s2", engine_id="e1", running=1))
+    assert view.pick_engine("m").engine_id == "e1"
+    view.track("e1", +10)  # requests this gateway sent since the last heartbeat
+    assert view.pick_engine("m").engine_id == "e0"
+    assert view.pick_engine("other") is None and view.models() == {"m": 2048}
+    clock.now += 2.0
+    view.on_heartbeat(beat("scheduler", "s1", engine_id="e0", running=5))
+    clock.now += 2.0
+    gone = view.sweep()
+    assert [i.instance_id for i in gone] == ["s2"]
+    assert [e.engine_id for e in view.ready_engines()] == ["e0"]
