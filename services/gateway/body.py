@@ -13,6 +13,8 @@ from services.common.frontend.errors import ApiError, invalid
 
 M = TypeVar("M", bound=BaseModel)
 
+MAX_DEPTH = 128   # JSON nesting; real bodies (tool schemas included) stay far below it
+
 
 async def parse_body(request: Request, model: type[M], max_bytes: int) -> M:
     length = request.headers.get("content-length")
@@ -29,8 +31,13 @@ async def parse_body(request: Request, model: type[M], max_bytes: int) -> M:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise invalid(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise _too_deep() from None
     if not isinstance(data, dict):
         raise invalid("the request body must be a JSON object")
+    if _depth(data) > MAX_DEPTH:
+        # NOTE: before validation, which (like the surrogate check) recurses per level.
+        raise _too_deep()
     if b"\\ud" in raw.lower() and _has_lone_surrogate(data):
         # NOTE: JSON may escape half a UTF-16 pair ("\ud800"); such text cannot be encoded
         # as UTF-8, so no tokenizer and no protobuf message could carry it.
@@ -41,6 +48,28 @@ async def parse_body(request: Request, model: type[M], max_bytes: int) -> M:
         first = exc.errors()[0]
         param = ".".join(str(p) for p in first["loc"]) or None
         raise invalid(f"{param}: {first['msg']}" if param else first["msg"], param=param) from None
+
+
+def _too_deep() -> ApiError:
+    return invalid(f"the request body nests JSON deeper than {MAX_DEPTH} levels")
+
+
+def _depth(value: Any) -> int:
+    """How deep arrays and objects nest in `value`, without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if depth > MAX_DEPTH:
+            break
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def _has_lone_surrogate(value: Any) -> bool:

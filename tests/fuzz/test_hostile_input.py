@@ -103,6 +103,19 @@ def test_invalid_utf8_and_broken_json_answer_400(mesh: Mesh) -> None:
         assert_openai_error(post(mesh, COMPLETIONS, raw), 400)
 
 
+def test_deeply_nested_bodies_answer_400(mesh: Mesh) -> None:
+    """Nested past what json or pydantic would recurse through (5,000), or just past the
+    limit (129): a 400 naming the nesting, never a 500."""
+    for depth in (129, 5_000, 100_000):
+        nested = "[" * depth + "]" * depth
+        raw = f'{{"model": "{MODEL}", "prompt": "x", "logit_bias": {nested}}}'.encode()
+        error = assert_openai_error(post(mesh, COMPLETIONS, raw), 400)
+        assert "nests" in error["message"], (depth, error)
+    shallow = {"model": MODEL, "messages": HI, "max_tokens": 1,
+               "metadata": {"a": {"b": {"c": [[[["fine"]]]]}}}}
+    assert post(mesh, CHAT, shallow).status_code == 200
+
+
 def test_bodies_over_the_limit_answer_413(mesh: Mesh) -> None:
     big = json.dumps({"model": MODEL, "prompt": "x" * (9 * 1024 * 1024)}).encode()
     assert_openai_error(post(mesh, COMPLETIONS, big), 413)
