@@ -159,6 +159,22 @@ class TokenizerMetrics:
                                         registry=registry)
 
 
+class GrammarMetrics:
+    """Structured outputs' grammar compiles, on each service that compiles (the tokenizer
+    validates at encode time; the worker compiles for its matchers)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.compiles = Counter("llm_mesh:grammar_compiles",
+                                "Grammars compiled (cache misses, failed compiles included)",
+                                registry=registry)
+        self.cache_hits = Counter("llm_mesh:grammar_cache_hits",
+                                  "Grammars found compiled (or compiling) in the cache",
+                                  registry=registry)
+        self.compile_time = Histogram("llm_mesh:grammar_compile_seconds",
+                                      "Time to compile one grammar that compiled",
+                                      buckets=LATENCY_BUCKETS, registry=registry)
+
+
 class KVStoreMetrics:
     """One kvstore node: its tiers and its data plane."""
 

@@ -33,8 +33,8 @@ class RequestDetokenizer:
         self.detokenize_time_s = 0.0
         self.registered_at = time.monotonic()
         self._stream = DecodeStream(skip_special_tokens=params.skip_special_tokens)
-        self._stops = (StopChecker(params.stop, params.include_stop_str_in_output)
-                       if params.stop else None)
+        self._stops = (StopChecker(params.stop, params.include_stop_str_in_output,
+                                   params.min_tokens) if params.stop else None)
 
     def resume(self, codec: TextCodec, token_ids: Sequence[int], num_chars: int) -> None:
         """Continues after output tokens already streamed elsewhere (the request moved to
@@ -42,11 +42,12 @@ class RequestDetokenizer:
         and marks the first `num_chars` characters of their text as delivered, so held-back
         text, a character split across tokens and a half-matched stop string carry on
         exactly where they were."""
-        pieces = (self._stream.step(codec.fast, int(t)) for t in token_ids)
-        text = "".join(p for p in pieces if p is not None)
+        pieces = [self._stream.step(codec.fast, int(t)) or "" for t in token_ids]
+        text = "".join(pieces)
         self.num_output_tokens = self._num_resumed_tokens = len(token_ids)
         if self._stops is not None:
-            self._stops.resume(text, num_chars)
+            min_end = len("".join(pieces[:self._stops.min_tokens]))
+            self._stops.resume(text, num_chars, min_end)
 
     def stream_position(self, engine_position: int) -> int:
         """Where tokens the engine numbers from `engine_position` (its count starts at this
@@ -75,7 +76,7 @@ class RequestDetokenizer:
             if self._stops is None:
                 pieces.append(piece)
                 continue
-            emit, stop = self._stops.append(piece)
+            emit, stop = self._stops.append(piece, self.num_output_tokens)
             pieces.append(emit)
             if stop is not None:
                 return "".join(pieces), consumed, stop

@@ -12,14 +12,21 @@ import betterproto
 from nats.aio.subscription import Subscription
 
 from services.common import wire
+from services.common.grammar.grammar_cache import tokenizer_info
 from services.common.logs import request_log_context
 from services.common.metrics import TokenizerMetrics
 from services.common.model_files import resolve_model
-from services.common.packing import (pack_int32, pack_strings, unpack_int32, unpack_strings,
-                                     unpack_uint8)
+from services.common.packing import (
+    pack_int32,
+    pack_strings,
+    unpack_int32,
+    unpack_strings,
+    unpack_uint8,
+)
 from services.common.service import Service
 from services.common.subjects import TOKENIZER_QUEUE
 from services.tokenizer.detokenizer import RequestDetokenizer
+from services.tokenizer.grammar_validator import GrammarValidator
 from services.tokenizer.output_batcher import OutputBatcher
 from services.tokenizer.settings import TokenizerSettings
 from services.tokenizer.text_codec import InvalidPrompt, TextCodec
@@ -34,6 +41,7 @@ class TokenizerService(Service):
         super().__init__(settings)
         self.settings: TokenizerSettings = settings
         self.codec: TextCodec | None = None
+        self.grammars: GrammarValidator | None = None
         self.states: dict[str, RequestDetokenizer] = {}
         self.clients_seen: dict[str, float] = {}   # gateway / batch runner id -> last heartbeat
         self._new_work: list[Subscription] = []      # encode/detokenize queue subscriptions
@@ -46,6 +54,10 @@ class TokenizerService(Service):
         self.codec = await asyncio.to_thread(TextCodec, files.hf_dir)
         self.log.info("tokenizer loaded", model=str(files.source), vocab_size=self.codec.vocab_size,
                       seconds=round(time.monotonic() - started, 2))
+        hf_tokenizer = self.codec.hf
+        self.grammars = GrammarValidator(lambda: tokenizer_info(hf_tokenizer), self.registry,
+                                         self.settings.grammar_cache_size,
+                                         self.settings.grammar_compile_timeout_s)
         bus = self.connected_bus
         self._new_work = [
             await bus.serve(self.subjects.tokenizer_encode, wire.EncodeRequest, self.on_encode,
@@ -73,10 +85,19 @@ class TokenizerService(Service):
     def readiness(self) -> tuple[bool, str]:
         return (True, "") if self.codec is not None else (False, "loading tokenizer")
 
+    async def close(self) -> None:
+        if self.grammars is not None:
+            self.grammars.close()
+
     # ---- encoding (request/reply)
 
     async def on_encode(self, request: wire.EncodeRequest) -> wire.EncodeReply:
         with request_log_context(",".join(request.request_ids)):
+            if request.grammar.kind != wire.GrammarKind.NONE:
+                assert self.grammars is not None
+                error = await self.grammars.error_of(request.grammar)
+                if error is not None:
+                    return wire.EncodeReply(grammar_error=error, tokenizer_id=self.instance_id)
             return self._encode_reply(request)
 
     def _encode_reply(self, request: wire.EncodeRequest) -> wire.EncodeReply:

@@ -14,3 +14,7 @@ class TokenizerSettings(CommonSettings, ModelSettings):
     instance_timeout_s: float = setting(
         3.5, "A gateway whose heartbeat is older than this is gone: its requests are dropped "
         "here and aborted in their engines")
+    grammar_cache_size: int = setting(
+        256, "Structured outputs: compiled grammars kept (LRU), keyed by kind and spec text")
+    grammar_compile_timeout_s: float = setting(
+        10.0, "Structured outputs: a grammar not compiled by then is refused (400)")

@@ -29,6 +29,7 @@ class RunnerConfig:
     seed: int = 0
     num_threads: int | None = None         # CPU threads; None: all cores
     enable_cuda_graphs: bool = True        # cuda + triton only: decode steps replay graphs
+    grammar_cache_size: int = 64           # structured outputs: compiled grammars kept (LRU)
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -13,6 +13,7 @@ import torch
 
 from services.common import wire
 from services.common.packing import unpack_float32, unpack_int32
+from services.worker.structured_outputs import StructuredOutputs
 
 NO_LOGPROBS = -1
 
@@ -23,7 +24,8 @@ class InputBatchError(ValueError):
 
 class InputBatch:
     def __init__(self, max_num_reqs: int, max_model_len: int, max_num_blocks_per_req: int,
-                 eos_token_ids: list[int], device: torch.device):
+                 eos_token_ids: list[int], device: torch.device,
+                 structured_outputs: StructuredOutputs | None = None):
         self.max_num_reqs = max_num_reqs
         self.max_model_len = max_model_len
         self.eos_token_ids = np.asarray(eos_token_ids, dtype=np.int32)
@@ -51,6 +53,7 @@ class InputBatch:
         self.generators: dict[int, torch.Generator] = {}
         self.logit_bias: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.min_tokens_stop_ids: dict[int, np.ndarray] = {}
+        self.structured_outputs = structured_outputs   # grammar matchers of constrained rows
         self.handle_to_row: dict[int, int] = {}
         self._free_rows = list(range(max_num_reqs - 1, -1, -1))
 
@@ -77,6 +80,8 @@ class InputBatch:
                                   f"over max_model_len={self.max_model_len}")
         if len(block_ids) > self.block_table.shape[1]:
             raise InputBatchError(f"request {new.request_id} has too many blocks")
+        sampling = new.sampling or wire.SamplingParams()
+        grammar_start = self._grammar_start(sampling.grammar, new.num_prompt_tokens)
         row = self._free_rows.pop()
         self.handle_to_row[new.handle] = row
         self.token_ids[row, :len(token_ids)] = token_ids
@@ -85,8 +90,10 @@ class InputBatch:
         self.num_computed_tokens[row] = new.num_computed_tokens
         self.block_table[row, :len(block_ids)] = block_ids
         self.num_blocks[row] = len(block_ids)
-        self._set_sampling(row, new.sampling or wire.SamplingParams(),
-                           has_outputs=len(token_ids) > new.num_prompt_tokens)
+        self._set_sampling(row, sampling, has_outputs=len(token_ids) > new.num_prompt_tokens)
+        if grammar_start is not None:
+            assert self.structured_outputs is not None
+            self.structured_outputs.add_request(row, sampling.grammar, grammar_start)
 
     def remove_request(self, handle: int) -> None:
         row = self.handle_to_row.pop(handle, None)
@@ -95,6 +102,8 @@ class InputBatch:
         self.generators.pop(row, None)
         self.logit_bias.pop(row, None)
         self.min_tokens_stop_ids.pop(row, None)
+        if self.structured_outputs is not None:
+            self.structured_outputs.remove_request(row)
         self._free_rows.append(row)
 
     def reset(self) -> None:
@@ -122,6 +131,20 @@ class InputBatch:
     def append_sampled(self, rows: np.ndarray, token_ids: np.ndarray) -> None:
         self.token_ids[rows, self.num_tokens[rows]] = token_ids
         self.num_tokens[rows] += 1
+        if self.structured_outputs is not None:
+            self.structured_outputs.accept_tokens(rows, token_ids)
+
+    def _grammar_start(self, grammar: wire.GrammarSpec, num_prompt_tokens: int) -> int | None:
+        """Where a constrained request's grammar starts in its tokens (None: unconstrained):
+        after the prompt, less the outputs a moved request brings in its prompt."""
+        if grammar.kind == wire.GrammarKind.NONE:
+            return None
+        if self.structured_outputs is None:
+            raise InputBatchError("this worker was built without structured outputs")
+        if not 0 <= grammar.num_resumed_tokens <= num_prompt_tokens:
+            raise InputBatchError(f"num_resumed_tokens {grammar.num_resumed_tokens} is outside "
+                                  f"the prompt")
+        return num_prompt_tokens - grammar.num_resumed_tokens
 
     def _set_sampling(self, row: int, sp: wire.SamplingParams, has_outputs: bool) -> None:
         # NOTE: proto3 zero values mean "unset"; map them (and out-of-range values) to "off".

@@ -17,6 +17,7 @@ import structlog
 import torch
 
 from services.common import wire
+from services.common.metrics import GrammarMetrics
 from services.common.packing import unpack_int32
 from services.worker.attention import get_attention_backend_cls
 from services.worker.config import RunnerConfig, RunnerInfo
@@ -41,12 +42,13 @@ from services.worker.sampler import Sampler
 from services.worker.sampling_metadata import build_sampling_metadata
 from services.worker.step_batch import StepBatch, dummy_step_batch, prepare_step_batch
 from services.worker.step_output import build_step_output
+from services.worker.structured_outputs import StructuredOutputs, load_tokenizer_info
 
 log = structlog.get_logger(__name__)
 
 
 class ModelRunner:
-    def __init__(self, config: RunnerConfig):
+    def __init__(self, config: RunnerConfig, grammar_metrics: GrammarMetrics | None = None):
         self.config = config
         self.device = _resolve_device(config.device)
         if self.device.type == "cpu":
@@ -71,9 +73,14 @@ class ModelRunner:
         self.model.bind_kv_caches(self.kv_caches)
         log_kv_cache_size(self.kv_spec, num_blocks, self.max_model_len)
         self.max_num_blocks_per_req = math.ceil(self.max_model_len / config.block_size)
+        self.structured_outputs = StructuredOutputs(
+            lambda: load_tokenizer_info(config.model_dir, model_config.vocab_size,
+                                        list(model_config.eos_token_ids)),
+            config.max_num_seqs, model_config.vocab_size, config.grammar_cache_size,
+            grammar_metrics)
         self.input_batch = InputBatch(config.max_num_seqs, self.max_model_len,
                                       self.max_num_blocks_per_req, model_config.eos_token_ids,
-                                      self.device)
+                                      self.device, self.structured_outputs)
         self.sampler = Sampler(self.device, config.seed)
         self.cuda_graphs: CudaGraphRunner | None = None
         if (self.device.type == "cuda" and config.enable_cuda_graphs
@@ -124,7 +131,8 @@ class ModelRunner:
         self.input_batch.num_computed_tokens[batch.rows] = batch.seq_lens
         self.input_batch.append_sampled(sample_rows, sampled)
         out = build_step_output(step.step, batch, sampled, sampler_output,
-                                metadata.logprob_rows, logits[num_samples:])
+                                metadata.logprob_rows, logits[num_samples:],
+                                metadata.unreported_rows)
         if connector is not None:
             connector.after_forward(step)
             connector.finish_step(out, is_idle=False)

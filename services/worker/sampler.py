@@ -1,5 +1,7 @@
 """The sampler: one batched pass over the sampling rows' logits (vLLM V1's order of operations).
 
+0. structured outputs: the grammar bitmask of the constrained rows, applied once over the
+   batch; everything after (logprobs included, as in vLLM) sees the masked logits.
 1. logprobs, if asked: log_softmax of the raw model logits. NOTE: this is vLLM's default
    logprobs mode ("raw_logprobs"): what the model predicted, before penalties, logit_bias,
    temperature and top-k/top-p/min-p.
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from services.worker.sampling_metadata import SamplingMetadata
+from services.worker.structured_outputs import apply_bitmask
 
 NUCLEUS_CANDIDATES = 1024  # candidates for rows with top-p but no top-k
 
@@ -45,6 +48,8 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         """logits: fp32 [N, vocab], owned by the sampler (modified in place)."""
+        if md.grammar_bitmask is not None:
+            apply_bitmask(logits, md.grammar_bitmask)
         raw_logprobs = None
         if md.logprob_rows is not None:
             raw_logprobs = logits[md.logprob_rows].log_softmax(dim=-1)

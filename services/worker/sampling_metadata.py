@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from services.worker.input_batch import NO_LOGPROBS, InputBatch
+from services.worker.structured_outputs import GrammarBitmask
 
 SAMPLING_EPS = 1e-5  # temperatures below this are greedy (vLLM's threshold)
 
@@ -35,6 +36,7 @@ class SamplingMetadata:
     output_token_ids: torch.Tensor | None = None    # int64 [N, max_output], padded with vocab
     logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # rows, ids, vals
     banned: tuple[torch.Tensor, torch.Tensor] | None = None  # rows, ids (min_tokens stops)
+    grammar_bitmask: GrammarBitmask | None = None   # structured outputs' constrained rows
     # Logprobs: batch rows that asked, and the most alternatives any of them asked for.
     logprob_rows: torch.Tensor | None = None  # int64 [M]
     max_num_logprobs: int = 0
@@ -42,6 +44,11 @@ class SamplingMetadata:
     @property
     def has_penalties(self) -> bool:
         return self.repetition_penalty is not None
+
+    @property
+    def unreported_rows(self) -> list[int]:
+        """Rows whose grammar cannot go on: their token is not reported."""
+        return self.grammar_bitmask.failed if self.grammar_bitmask is not None else []
 
     @property
     def needs_processing(self) -> bool:
@@ -74,6 +81,9 @@ def build_sampling_metadata(batch: InputBatch, rows: np.ndarray, vocab_size: int
                          if r in batch.generators}
     _add_penalties(md, batch, rows, vocab_size, col)
     _add_sparse_masks(md, batch, rows, device)
+    if batch.structured_outputs is not None:
+        md.grammar_bitmask = batch.structured_outputs.fill_bitmask(rows, batch.token_ids,
+                                                                   batch.num_tokens)
     num_logprobs = batch.num_logprobs[rows]
     wants = np.flatnonzero(num_logprobs != NO_LOGPROBS)
     if len(wants):

@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 from services.common import wire
 from services.common.kv_data_plane import client_tls
+from services.common.metrics import GrammarMetrics
 from services.common.model_files import resolve_model
 from services.common.packing import pack_int32
 from services.common.service import Service
@@ -35,8 +37,9 @@ class WorkerService(Service):
         files = await asyncio.to_thread(resolve_model, self.settings.model)
         self.log.info("loading model", model=str(files.source), dtype=self.settings.dtype)
         loop = asyncio.get_running_loop()
-        self.runner = await loop.run_in_executor(self._executor, ModelRunner,
-                                                 self._runner_config(files.hf_dir))
+        self.runner = await loop.run_in_executor(
+            self._executor, partial(ModelRunner, self._runner_config(files.hf_dir),
+                                    GrammarMetrics(self.registry)))
         self.runner.kv_connector = self._kv_connector(self.runner)
         self._served_name = self.settings.served_model_name or files.served_name
         bus = self.connected_bus
@@ -56,7 +59,7 @@ class WorkerService(Service):
             gpu_memory_utilization=s.gpu_memory_utilization, device=s.device,
             attention_backend=s.attention_backend, max_num_seqs=s.max_num_seqs,
             max_num_batched_tokens=s.max_num_batched_tokens, seed=s.seed,
-            num_threads=s.num_threads or None)
+            num_threads=s.num_threads or None, grammar_cache_size=s.grammar_cache_size)
 
     def _kv_connector(self, runner: ModelRunner) -> WorkerKVConnector:
         s = self.settings
@@ -100,5 +103,7 @@ class WorkerService(Service):
 
     async def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
+        if self.runner is not None:
+            self.runner.structured_outputs.close()
         if self.runner is not None and self.runner.kv_connector is not None:
             self.runner.kv_connector.close()

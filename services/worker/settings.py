@@ -27,6 +27,8 @@ class WorkerSettings(CommonSettings, EngineSettings, KVTLSSettings):
     use_gguf_blocks: bool = setting(True, "With a GGUF model in fp32 on CPU: decode steps of a "
                                     "few requests read the GGUF's quantized blocks, expanded to "
                                     "the same fp32 values on the fly (~5x fewer bytes a step)")
+    grammar_cache_size: int = setting(64, "Structured outputs: compiled grammars kept (LRU), "
+                                      "keyed by kind and spec text")
     # KV connector (docs/kvstore.md): the scheduler names the blocks; these bound the I/O.
     kv_load_timeout_s: float = setting(5.0, "A KV load from the kvstore that has not arrived "
                                        "by then is given up (the rest is recomputed)")

@@ -13,17 +13,24 @@ from services.worker.step_batch import StepBatch
 
 def build_step_output(step: int, batch: StepBatch, sampled: np.ndarray,
                       sampler_output: SamplerOutput, logprob_rows: torch.Tensor | None,
-                      prompt_logits: torch.Tensor | None) -> wire.StepOutput:
+                      prompt_logits: torch.Tensor | None,
+                      unreported: list[int]) -> wire.StepOutput:
     """sampled: int32 token per sampling request; prompt_logits: fp32 rows of the prompt
-    logprob chunks, in chunk order (None when no request asked for prompt logprobs)."""
+    logprob chunks, in chunk order (None when no request asked for prompt logprobs);
+    unreported: sampling rows whose token is left out (the scheduler fails their request)."""
     sampling_handles = batch.handles[batch.sampling_index]
-    out = wire.StepOutput(step=step, handles=pack_int32(sampling_handles),
-                          sampled_token_ids=pack_int32(sampled))
+    reported = np.ones(len(sampled), dtype=bool)
+    reported[unreported] = False
+    out = wire.StepOutput(step=step, handles=pack_int32(sampling_handles[reported]),
+                          sampled_token_ids=pack_int32(sampled[reported]))
     if logprob_rows is not None:
-        out.logprob_handles = pack_int32(sampling_handles[logprob_rows.cpu().numpy()])
-        out.logprobs = logprob_columns(sampled[logprob_rows.cpu().numpy()],
-                                       sampler_output.logprobs, sampler_output.top_token_ids,
-                                       sampler_output.top_logprobs)
+        rows = logprob_rows.cpu().numpy()
+        keep = reported[rows]
+        kept = torch.from_numpy(keep).to(sampler_output.logprobs.device)
+        out.logprob_handles = pack_int32(sampling_handles[rows][keep])
+        out.logprobs = logprob_columns(sampled[rows][keep], sampler_output.logprobs[kept],
+                                       sampler_output.top_token_ids[kept],
+                                       sampler_output.top_logprobs[kept])
     if batch.prompt_logprobs:
         out.prompt_logprobs = _prompt_logprob_chunks(batch, prompt_logits)
     return out

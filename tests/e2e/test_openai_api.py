@@ -162,6 +162,46 @@ def test_completion_echo_with_logprobs_covers_the_prompt(client: openai.OpenAI,
     assert all(x is not None and x <= 0 for x in lp.token_logprobs[1:])
 
 
+def test_prompt_logprobs_come_back_on_chat_and_completions(client: openai.OpenAI,
+                                                           model_name: str) -> None:
+    """vLLM's prompt_logprobs: one entry per prompt token (None for the first), each holding
+    the prompt token itself and the top ones asked for, on chat (beside the choices, which
+    share the prompt) and on completions (per choice)."""
+    out = chat(client, model_name, "Name a color.", temperature=0, max_tokens=2,
+               extra_body={"prompt_logprobs": 2})
+    entries = out.model_extra["prompt_logprobs"]
+    assert len(entries) == out.usage.prompt_tokens and entries[0] is None
+    prompt_ids = hf_chat_prompt_ids("Name a color.")
+    for token_id, entry in zip(prompt_ids[1:], entries[1:]):
+        assert str(token_id) in entry and 2 <= len(entry) <= 3
+        ranked = sorted((e for e in entry.values() if e["rank"] is not None),
+                        key=lambda e: e["rank"])
+        assert [e["rank"] for e in ranked] == [1, 2]
+        assert ranked[0]["logprob"] >= ranked[1]["logprob"]
+        assert all(e["logprob"] <= 0 for e in entry.values())
+    completion = client.completions.create(model=model_name, prompt="Paris is the capital of",
+                                           max_tokens=1, temperature=0,
+                                           extra_body={"prompt_logprobs": 1})
+    per_choice = completion.choices[0].model_extra["prompt_logprobs"]
+    assert len(per_choice) == completion.usage.prompt_tokens and per_choice[0] is None
+    assert all(entry and all(e["logprob"] <= 0 for e in entry.values())
+               for entry in per_choice[1:])
+
+
+def test_min_tokens_holds_back_stop_strings(client: openai.OpenAI, model_name: str) -> None:
+    """A stop string inside the first min_tokens tokens does not end the request (vLLM)."""
+    plain = chat(client, model_name, "Tell me about the sea.", temperature=0, max_tokens=16,
+                 extra_body={"ignore_eos": True})
+    stop = plain.choices[0].message.content[:3]
+    early = chat(client, model_name, "Tell me about the sea.", temperature=0, max_tokens=16,
+                 stop=[stop], extra_body={"ignore_eos": True})
+    held = chat(client, model_name, "Tell me about the sea.", temperature=0, max_tokens=16,
+                stop=[stop], extra_body={"ignore_eos": True, "min_tokens": 8})
+    assert early.choices[0].finish_reason == "stop" and early.usage.completion_tokens < 8
+    assert held.usage.completion_tokens >= 8
+    assert held.choices[0].message.content.startswith(stop)
+
+
 def test_bad_input_gets_openai_errors_and_never_reaches_the_engine(
         mesh: Mesh, model_name: str) -> None:
     url = f"{mesh.base_url}/v1/chat/completions"

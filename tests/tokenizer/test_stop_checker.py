@@ -48,3 +48,24 @@ def test_streaming_equals_matching_on_the_whole_text(text: str, stop: str, cuts:
         assert (emitted, matched) == (text, None)
     else:
         assert (emitted, matched) == (text[:index], stop)
+
+
+def test_min_tokens_holds_back_stop_strings_until_then() -> None:
+    """vLLM's rule: a stop string counts only if it ends after the first min_tokens' text."""
+    checker = StopChecker(["."], min_tokens=3)
+    assert checker.append("a.", 1) == ("a.", None)
+    assert checker.append("b.", 2) == ("b.", None)
+    assert checker.append("c", 3) == ("c", None)
+    assert checker.append("d.e", 4) == ("d", ".")
+
+
+def test_min_tokens_lets_a_stop_string_straddle_the_boundary() -> None:
+    checker = StopChecker(["END"], min_tokens=1)
+    assert checker.append("xEN", 1) == ("x", None)   # "EN" might start a stop string
+    assert checker.append("D", 2) == ("", "END")     # it ends after the first token's text
+
+
+def test_min_tokens_survive_a_resume() -> None:
+    checker = StopChecker(["!"], min_tokens=2)
+    checker.resume("hi!", num_emitted=3, min_end=3)  # both tokens of "hi!" were under min
+    assert checker.append("x!", 3) == ("x", "!")

@@ -14,11 +14,17 @@ from services.common.frontend.context import FrontendContext
 from services.common.frontend.errors import invalid
 from services.common.frontend.generation import GenerationPlan, PromptInput
 from services.common.frontend.handler import GenerationHandler
-from services.common.frontend.logprobs import chat_logprob_entries, split_logprobs
+from services.common.frontend.logprobs import (
+    LogprobRow,
+    chat_logprob_entries,
+    prompt_logprobs_json,
+    split_logprobs,
+)
 from services.common.frontend.mesh_client import TextDelta
 from services.common.frontend.protocol import ChatCompletionRequest
 from services.common.frontend.responses import ChoiceState, finish_reason, stop_reason
 from services.common.frontend.sampling import check_limits, detokenize_params, sampling_params
+from services.common.frontend.structured_outputs import grammar_request
 
 
 def chat_prompt(body: ChatCompletionRequest) -> PromptInput:
@@ -39,6 +45,7 @@ def chat_prompt(body: ChatCompletionRequest) -> PromptInput:
 @dataclass
 class ChatChoice(ChoiceState):
     logprobs: list[dict[str, Any]] = field(default_factory=list)
+    prompt_rows: list[LogprobRow] = field(default_factory=list)
 
 
 class ChatCompletion(GenerationHandler[ChatCompletionRequest, ChatChoice]):
@@ -55,9 +62,6 @@ class ChatCompletion(GenerationHandler[ChatCompletionRequest, ChatChoice]):
         body = self.body
         if body.top_logprobs is not None and not body.logprobs:
             raise invalid("top_logprobs needs logprobs set to true", param="top_logprobs")
-        if body.response_format and body.response_format.get("type") not in (None, "text"):
-            raise invalid("response_format other than text is not supported yet",
-                          param="response_format")
         if body.tools and body.tool_choice != "none":
             raise invalid("tool calling is not supported yet", param="tools")
         check_limits(body, self.ctx.settings, self.num_logprobs)
@@ -69,9 +73,10 @@ class ChatCompletion(GenerationHandler[ChatCompletionRequest, ChatChoice]):
                 body, max_tokens=mt, logprobs=self.num_logprobs,
                 prompt_logprobs=body.prompt_logprobs, seed=seed),
             make_detokenize=lambda engine_id: detokenize_params(
-                body, self.ctx.client.gateway_id, engine_id, self.num_logprobs is not None),
+                body, self.ctx.client.gateway_id, engine_id,
+                self.num_logprobs is not None or body.prompt_logprobs is not None),
             seed=body.seed, priority=body.priority, cache_salt=body.cache_salt or "",
-            max_tokens_param=param)
+            max_tokens_param=param, grammar=grammar_request(body))
 
     def _logprobs_of(self, entries: list[wire.TokenLogprobs]) -> list[dict[str, Any]]:
         if self.num_logprobs is None:
@@ -85,6 +90,16 @@ class ChatCompletion(GenerationHandler[ChatCompletionRequest, ChatChoice]):
     def add(self, choice: ChatChoice, delta: TextDelta) -> None:
         choice.add(delta)
         choice.logprobs.extend(self._logprobs_of(delta.logprobs))
+        if self.body.prompt_logprobs is not None:
+            prompt_rows, _ = split_logprobs(delta.logprobs)
+            choice.prompt_rows.extend(prompt_rows)
+
+    def response_extras(self, choices: list[ChatChoice]) -> dict[str, Any]:
+        if self.body.prompt_logprobs is None:
+            return {}
+        # The choices share one prompt; vLLM answers its logprobs once, beside the choices.
+        rows = next((c.prompt_rows for c in choices if c.prompt_rows), [])
+        return {"prompt_logprobs": prompt_logprobs_json(rows)}
 
     def _logprobs_field(self, entries: list[dict[str, Any]]) -> dict[str, Any] | None:
         return {"content": entries} if self.num_logprobs is not None else None

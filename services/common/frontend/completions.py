@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
@@ -12,11 +12,17 @@ from services.common.frontend.context import FrontendContext
 from services.common.frontend.errors import invalid
 from services.common.frontend.generation import GenerationPlan, PromptInput
 from services.common.frontend.handler import GenerationHandler
-from services.common.frontend.logprobs import CompletionLogprobs, split_logprobs
+from services.common.frontend.logprobs import (
+    CompletionLogprobs,
+    LogprobRow,
+    prompt_logprobs_json,
+    split_logprobs,
+)
 from services.common.frontend.mesh_client import TextDelta
 from services.common.frontend.protocol import CompletionRequest
 from services.common.frontend.responses import ChoiceState, finish_reason, stop_reason
 from services.common.frontend.sampling import check_limits, detokenize_params, sampling_params
+from services.common.frontend.structured_outputs import grammar_request
 from services.common.packing import pack_int32
 
 
@@ -40,6 +46,7 @@ def prompt_inputs(body: CompletionRequest) -> list[PromptInput]:
 @dataclass
 class CompletionChoice(ChoiceState):
     logprobs: CompletionLogprobs | None = None
+    prompt_rows: list[LogprobRow] = field(default_factory=list)
     echoed: bool = False       # the echoed prompt went out with the first streamed chunk
 
 
@@ -75,7 +82,8 @@ class Completion(GenerationHandler[CompletionRequest, CompletionChoice]):
                 prompt_logprobs=self.prompt_logprobs, seed=seed),
             make_detokenize=lambda engine_id: detokenize_params(
                 body, self.ctx.client.gateway_id, engine_id, self.wants_logprobs),
-            seed=body.seed, priority=body.priority, cache_salt=body.cache_salt or "")
+            seed=body.seed, priority=body.priority, cache_salt=body.cache_salt or "",
+            grammar=grammar_request(body))
 
     async def prepare(self) -> None:
         if self.body.echo:
@@ -118,6 +126,8 @@ class Completion(GenerationHandler[CompletionRequest, CompletionChoice]):
         if choice.logprobs is None:
             return
         prompt_rows, output_rows = split_logprobs(delta.logprobs)
+        if self.body.prompt_logprobs is not None:
+            choice.prompt_rows.extend(prompt_rows)
         if self.echo_logprobs:
             for row in prompt_rows:
                 choice.logprobs.add(row)
@@ -129,10 +139,13 @@ class Completion(GenerationHandler[CompletionRequest, CompletionChoice]):
         return self.echo_texts[self._prompt_index(index)] if self.echo_texts else ""
 
     def choice_json(self, index: int, choice: CompletionChoice) -> dict[str, Any]:
-        return {"index": index, "text": self._echo_text(index) + choice.text,
-                "logprobs": choice.logprobs.to_json() if choice.logprobs is not None else None,
-                "finish_reason": finish_reason(choice.finish),
-                "stop_reason": stop_reason(choice.finish)}
+        output = {"index": index, "text": self._echo_text(index) + choice.text,
+                  "logprobs": choice.logprobs.to_json() if choice.logprobs is not None else None,
+                  "finish_reason": finish_reason(choice.finish),
+                  "stop_reason": stop_reason(choice.finish)}
+        if self.body.prompt_logprobs is not None:
+            output["prompt_logprobs"] = prompt_logprobs_json(choice.prompt_rows)
+        return output
 
     def chunk_choice(self, index: int, choice: CompletionChoice,
                      delta: TextDelta) -> dict[str, Any] | None:

@@ -15,10 +15,16 @@ import structlog
 from services.common import wire
 from services.common.frontend.auth import Tenant
 from services.common.frontend.disaggregation import as_prefill, prefill_remotely, prefill_request_id
-from services.common.frontend.errors import ApiError, context_length_exceeded, unavailable
+from services.common.frontend.errors import (
+    ApiError,
+    context_length_exceeded,
+    invalid,
+    unavailable,
+)
 from services.common.frontend.mesh_client import Generation, MeshClient, TextDelta
 from services.common.frontend.mesh_view import EngineView, MeshView
 from services.common.frontend.request_stats import RequestTimer
+from services.common.frontend.structured_outputs import GrammarRequest
 from services.common.packing import unpack_int32
 
 log = structlog.get_logger(__name__)
@@ -58,6 +64,7 @@ class GenerationPlan:
     priority: int = 0
     cache_salt: str = ""
     max_tokens_param: str = "max_tokens"
+    grammar: GrammarRequest | None = None          # structured outputs
 
 
 def new_request_id(prefix: str) -> str:
@@ -183,7 +190,12 @@ class GenerationRun:
             request.prompt_token_ids = prompt.token_ids
         else:
             request.prompt = prompt.prompt or ""
+        if plan.grammar is not None:     # compiled by the tokenizer: a 400 before any engine
+            request.grammar = plan.grammar.spec
         reply = await self.client.encode(request)
+        if reply.grammar_error:
+            assert plan.grammar is not None
+            raise invalid(reply.grammar_error, param=plan.grammar.param)
         return EncodedPrompt(reply.token_ids, len(reply.token_ids) // 4, reply.tokenizer_id,
                              child_ids, detokenize)
 
@@ -209,9 +221,12 @@ class GenerationRun:
                                               plan.max_tokens_param)
             for i, child_id in enumerate(prompt.request_ids):
                 seed = None if plan.seed is None else plan.seed + i
+                sampling = plan.make_sampling(max_tokens, seed)
+                if plan.grammar is not None:
+                    sampling.grammar = plan.grammar.spec
                 requests.append(wire.GenerateRequest(
                     request_id=child_id, prompt_token_ids=prompt.token_ids,
-                    sampling=plan.make_sampling(max_tokens, seed), priority=plan.priority,
+                    sampling=sampling, priority=plan.priority,
                     cache_salt=plan.cache_salt, tokenizer_id=prompt.tokenizer_id,
                     arrival_time=time.time()))
         return requests

@@ -73,6 +73,10 @@ class GenerationHandler(ABC, Generic[Body, C]):
     def add(self, choice: C, delta: TextDelta) -> None:
         choice.add(delta)
 
+    def response_extras(self, choices: list[C]) -> dict[str, Any]:
+        """Fields of the non-streamed response beyond OpenAI's (vLLM's prompt_logprobs)."""
+        return {}
+
     # ---- the shared life of a request
 
     async def respond(self, request: Request) -> JSONResponse | StreamingResponse:
@@ -99,7 +103,7 @@ class GenerationHandler(ABC, Generic[Body, C]):
         return {"id": self.run.request_id, "object": self.object_name,
                 "created": self.run.created, "model": self.body.model,
                 "choices": [self.choice_json(i, c) for i, c in enumerate(choices)],
-                "usage": usage(self.run, choices)}
+                "usage": usage(self.run, choices), **self.response_extras(choices)}
 
     async def _stream(self) -> AsyncIterator[bytes]:
         bind_request_id(self.run.request_id)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.common import wire
-from services.common.packing import unpack_float32, unpack_strings
+from services.common.packing import unpack_float32, unpack_int32, unpack_strings
 
 _FLOOR = -9999.0  # JSON has no -inf; vLLM sends this instead
 
@@ -21,6 +21,8 @@ class LogprobRow:
     token: str
     logprob: float
     top: list[tuple[str, float]]
+    token_id: int = 0
+    top_ids: list[int] = field(default_factory=list)
 
 
 def rows(entry: wire.TokenLogprobs) -> list[LogprobRow]:
@@ -28,13 +30,16 @@ def rows(entry: wire.TokenLogprobs) -> list[LogprobRow]:
     logprobs = unpack_float32(columns.logprobs).tolist()
     num_top = columns.num_top
     top_logprobs = unpack_float32(columns.top_logprobs).tolist()
+    token_ids = unpack_int32(columns.token_ids).tolist()
+    top_token_ids = unpack_int32(columns.top_token_ids).tolist()
     tokens = unpack_strings(entry.token_strings)
     top_tokens = unpack_strings(entry.top_token_strings)
     out = []
     for r, (token, logprob) in enumerate(zip(tokens, logprobs)):
         top = [(top_tokens[r * num_top + k], _finite(top_logprobs[r * num_top + k]))
                for k in range(num_top)]
-        out.append(LogprobRow(token, _finite(logprob), top))
+        out.append(LogprobRow(token, _finite(logprob), top, token_ids[r],
+                              top_token_ids[r * num_top:(r + 1) * num_top]))
     return out
 
 
@@ -82,6 +87,21 @@ def chat_logprob_entries(entry_rows: list[LogprobRow]) -> list[dict[str, Any]]:
              "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode())}
                               for t, lp in row.top]}
             for row in entry_rows]
+
+
+def prompt_logprobs_json(prompt_rows: list[LogprobRow]) -> list[dict[str, Any] | None]:
+    """vLLM's `prompt_logprobs`: one entry per prompt token, None for the first (nothing
+    precedes it), then {token id: {"logprob", "rank", "decoded_token"}} for the prompt token
+    and the top ones asked for (rank: its place among the top ones, None outside them)."""
+    entries: list[dict[str, Any] | None] = [None]
+    for row in prompt_rows:
+        entry = {str(token_id): {"logprob": logprob, "rank": rank, "decoded_token": token}
+                 for rank, (token_id, (token, logprob))
+                 in enumerate(zip(row.top_ids, row.top), start=1)}
+        entry.setdefault(str(row.token_id), {"logprob": row.logprob, "rank": None,
+                                             "decoded_token": row.token})
+        entries.append(entry)
+    return entries
 
 
 def split_logprobs(entries: list[wire.TokenLogprobs]

@@ -121,6 +121,9 @@ class Migrator:
         sampling = _copy(first.sampling)
         sampling.max_tokens = remaining
         sampling.min_tokens = max(0, first.sampling.min_tokens - len(streamed))
+        if sampling.grammar.kind != wire.GrammarKind.NONE:
+            # The streamed tokens ride in the prompt; the worker replays them into a matcher.
+            sampling.grammar.num_resumed_tokens = len(streamed)
         continuation = wire.GenerateRequest(
             request_id=request_id, prompt_token_ids=first.prompt_token_ids + pack_int32(streamed),
             sampling=sampling, priority=first.priority, cache_salt=first.cache_salt,

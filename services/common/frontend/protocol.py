@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 # Values that travel as int32 on the wire: out of range is a 400 here, not an overflow later.
@@ -21,6 +21,45 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
     include_usage: bool = False
     continuous_usage_stats: bool = False
+
+
+class JsonSchemaFormat(BaseModel):
+    """OpenAI's response_format.json_schema. `strict` and `description` are ignored: the
+    schema is always enforced (what cannot be enforced is refused)."""
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    name: str = Field(max_length=64)
+    json_schema: dict[str, Any] | bool | None = Field(None, alias="schema")
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsParams(BaseModel):
+    """vLLM's `structured_outputs`: one constraint at a time. Unknown keys are refused, so a
+    misspelt constraint is a 400, not a silently unconstrained output."""
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    json_schema: dict[str, Any] | str | bool | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | None = None
+    disable_any_whitespace: bool = False
+    whitespace_pattern: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_switches_that_change_nothing(cls, data: Any) -> Any:
+        # NOTE: vLLM's disable_fallback and disable_additional_properties: xgrammar is the
+        # only backend (nothing to fall back to), and it already refuses properties a schema
+        # does not name.
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items()
+                    if k not in ("disable_fallback", "disable_additional_properties")}
+        return data
 
 
 class SamplingFields(BaseModel):
@@ -51,6 +90,15 @@ class SamplingFields(BaseModel):
     priority: Int32 = 0
     cache_salt: str | None = None
     prompt_logprobs: int | None = Field(None, ge=0, le=2**31 - 1)
+    # Structured outputs (services/common/frontend/structured_outputs.py): OpenAI's field,
+    # vLLM's, and vLLM's older guided_* spellings.
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsParams | None = None
+    guided_json: dict[str, Any] | str | bool | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
 
     @field_validator("stop")
     @classmethod
@@ -109,7 +157,6 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1, le=2**31 - 1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=2**31 - 1)
-    response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     add_generation_prompt: bool = True

@@ -75,4 +75,5 @@ def detokenize_params(request: SamplingFields, gateway_id: str, engine_id: str,
     return wire.DetokenizeParams(
         stop=request.stop_list(), include_stop_str_in_output=request.include_stop_str_in_output,
         skip_special_tokens=request.skip_special_tokens, gateway_id=gateway_id,
-        engine_id=engine_id, return_token_strings=wants_token_strings)
+        engine_id=engine_id, return_token_strings=wants_token_strings,
+        min_tokens=request.min_tokens)

@@ -33,6 +33,20 @@ class FinishReason(betterproto.Enum):
     ERROR = 4
 
 
+class GrammarKind(betterproto.Enum):
+    """
+    Structured outputs: the grammar a request's output must match. The tokenizer compiles it
+     at encode time (a 400 for a bad one); the worker compiles it again (cached) and keeps the
+     matcher of each constrained row.
+    """
+
+    NONE = 0
+    JSON_SCHEMA = 1
+    REGEX = 2
+    EBNF = 3
+    STRUCTURAL_TAG = 4
+
+
 class KvMedium(betterproto.Enum):
     UNSPECIFIED = 0
     GPU = 1
@@ -58,6 +72,19 @@ class SamplingParams(betterproto.Message):
     prompt_logprobs: Optional[int] = betterproto.int32_field(14, optional=True)
     logit_bias_token_ids: bytes = betterproto.bytes_field(15)
     logit_bias_values: bytes = betterproto.bytes_field(16)
+    grammar: "GrammarSpec" = betterproto.message_field(17)
+
+
+@dataclass(eq=False, repr=False)
+class GrammarSpec(betterproto.Message):
+    kind: "GrammarKind" = betterproto.enum_field(1)
+    spec: str = betterproto.string_field(2)
+    disable_any_whitespace: bool = betterproto.bool_field(3)
+    num_resumed_tokens: int = betterproto.int32_field(4)
+    """
+    A continuation moved to another engine: the prompt's last tokens are output the grammar
+     already matched (the worker replays them into a fresh matcher).
+    """
 
 
 @dataclass(eq=False, repr=False)
@@ -250,7 +277,7 @@ class StepInput(betterproto.Message):
     reset: bool = betterproto.bool_field(9)
     kv_nodes: bytes = betterproto.bytes_field(10)
     """
-    KV connector (services/*/kv_connector*.py): blocks to move between the KV tensors and
+    KV connector (scheduler/core/kv_connector.py, services/*/kv/): blocks to move between the KV tensors and
      the kvstore over gRPC. Block hashes are concatenated, all of one length.
     """
 
@@ -449,6 +476,7 @@ class DetokenizeParams(betterproto.Message):
     gateway_id: str = betterproto.string_field(4)
     engine_id: str = betterproto.string_field(5)
     return_token_strings: bool = betterproto.bool_field(6)
+    min_tokens: int = betterproto.int32_field(7)
 
 
 @dataclass(eq=False, repr=False)
@@ -477,6 +505,11 @@ class EncodeRequest(betterproto.Message):
     """
 
     resume_num_chars: int = betterproto.int32_field(13)
+    grammar: "GrammarSpec" = betterproto.message_field(14)
+    """
+    Structured outputs: compiled (and cached) here, so a bad grammar is a 400 before any
+     engine sees it. An invalid one registers no detokenizer state.
+    """
 
 
 @dataclass(eq=False, repr=False)
@@ -485,6 +518,7 @@ class EncodeReply(betterproto.Message):
     tokenizer_id: str = betterproto.string_field(2)
     error: str = betterproto.string_field(3)
     token_strings: List[str] = betterproto.string_field(4)
+    grammar_error: str = betterproto.string_field(5)
 
 
 @dataclass(eq=False, repr=False)

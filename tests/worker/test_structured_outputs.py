@@ -1,0 +1,204 @@
+"""Structured outputs on the worker: grammar-masked rows beside free ones in one step, masked
+logprobs, and matchers rebuilt from a request's tokens after preemption or a move.
+
+A tiny random model (vocabulary 256) with a character-level tokenizer saved beside it: fast,
+offline, and every token's text is known.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import xgrammar as xgr
+from tokenizers import Tokenizer, models
+from transformers import PreTrainedTokenizerFast
+
+from services.common import wire
+from services.common.packing import unpack_int32
+from services.worker.model_runner import ModelRunner, RunnerConfig
+from services.worker.structured_outputs import (
+    GrammarBitmask,
+    StructuredOutputs,
+    apply_bitmask,
+    load_tokenizer_info,
+)
+from tests.worker.driver import StepDriver
+from tests.worker.tiny_models import save_tiny_model
+
+EOS = 2
+PROMPT = [5, 17, 33, 60, 71, 90, 101, 120, 7]
+REGEX = r"(ab|cd|[0-9]){3,6}x"
+
+
+def char_pieces() -> list[str]:
+    """Ids 0-2 are <unk> <s> </s> (EOS = 2, as the tiny model's), then printable ASCII
+    characters, then a few multi-character pieces, up to 256 ids."""
+    pieces = ["<unk>", "<s>", "</s>"] + [chr(c) for c in range(32, 127)]
+    pieces += ["ab", "cd", "abcd", '{"', '":', '",', '"}', "true", "false", "null", "12", "34"]
+    return pieces + [f"w{i}" for i in range(256 - len(pieces))]
+
+
+PIECES = char_pieces()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("tiny-llama-grammar")
+    save_tiny_model("llama", directory)
+    core = Tokenizer(models.WordLevel({p: i for i, p in enumerate(PIECES)}, unk_token="<unk>"))
+    PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<s>",
+                            eos_token="</s>").save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture
+def runner(model_dir: Path) -> ModelRunner:
+    return ModelRunner(RunnerConfig(model_dir=model_dir, kv_cache_memory=2**20, max_num_seqs=4,
+                                    max_model_len=128))
+
+
+def regex_sampling(**fields: object) -> wire.SamplingParams:
+    return wire.SamplingParams(grammar=wire.GrammarSpec(kind=wire.GrammarKind.REGEX, spec=REGEX),
+                               **fields)
+
+
+def text_of(tokens: list[int]) -> str:
+    assert tokens and tokens[-1] == EOS, "the grammar ended the output with EOS"
+    return "".join(PIECES[t] for t in tokens[:-1])
+
+
+def test_a_constrained_row_beside_a_free_one(runner: ModelRunner) -> None:
+    alone = StepDriver(runner)
+    free_alone = alone.add(PROMPT, max_new_tokens=12, stop_at_eos=False)
+    reference = alone.run()[free_alone]
+
+    driver = StepDriver(runner)
+    constrained = driver.add(PROMPT, max_new_tokens=40, sampling=regex_sampling())
+    free = driver.add(PROMPT, max_new_tokens=12, stop_at_eos=False)
+    outputs = driver.run()
+    assert re.fullmatch(REGEX, text_of(outputs[constrained]))
+    assert outputs[free] == reference   # the mask touched only its own row
+
+
+def test_seeded_random_rows_stay_in_the_grammar(runner: ModelRunner) -> None:
+    driver = StepDriver(runner)
+    handles = [driver.add(PROMPT, max_new_tokens=40,
+                          sampling=regex_sampling(temperature=1.5, seed=seed, top_k=50))
+               for seed in (1, 2, 3)]
+    outputs = driver.run()
+    for handle in handles:
+        assert re.fullmatch(REGEX, text_of(outputs[handle]))
+
+
+def test_logprobs_are_of_the_masked_distribution(runner: ModelRunner) -> None:
+    choice = wire.GrammarSpec(kind=wire.GrammarKind.EBNF, spec='root ::= "yes" | "no"')
+    driver = StepDriver(runner)
+    handle = driver.add(PROMPT, max_new_tokens=8,
+                        sampling=wire.SamplingParams(grammar=choice, logprobs=5))
+    output = driver.run()[handle]
+    assert text_of(output) in ("yes", "no")
+    token, logprob, top_ids, top_logprobs = driver.requests[handle].logprobs[0]
+    allowed = {PIECES.index("y"), PIECES.index("n")}
+    finite = [(t, lp) for t, lp in zip(top_ids, top_logprobs) if math.isfinite(lp)]
+    assert {t for t, _ in finite} == allowed and token in allowed
+    assert math.isclose(sum(math.exp(lp) for _, lp in finite), 1.0, rel_tol=1e-4)
+    assert logprob == dict(finite)[token]
+
+
+def test_a_grammar_that_dead_ends_fails_its_request_alone(runner: ModelRunner) -> None:
+    """After "a" this grammar allows nothing (x never ends): the worker reports no token for
+    that request (the scheduler fails it) and the step goes on for the others."""
+    dead_end = wire.GrammarSpec(kind=wire.GrammarKind.EBNF, spec='root ::= "a" x\nx ::= x "b"')
+    driver = StepDriver(runner)
+    doomed = driver.add(PROMPT, max_new_tokens=8, sampling=wire.SamplingParams(grammar=dead_end))
+    free = driver.add(PROMPT, max_new_tokens=8, stop_at_eos=False)
+    driver.run_step()
+    assert driver.requests[doomed].output_ids == [PIECES.index("a")]
+    out = driver.run_step()
+    assert unpack_int32(out.handles).tolist() == [free]
+    driver.requests[doomed].max_new_tokens = 1   # failed: the scheduler drops it
+    driver.finished.append(doomed)
+    assert len(driver.run()[free]) == 8
+
+
+def run_interrupted(runner: ModelRunner, moved: bool) -> tuple[list[int], list[int]]:
+    """Runs the constrained request a few steps, then drops its row and sends it again with
+    its outputs: preempted (outputs after the prompt) or moved to another engine (outputs
+    inside the prompt, named by num_resumed_tokens). Returns (outputs before, all outputs)."""
+    driver = StepDriver(runner)
+    first = driver.add(PROMPT, max_new_tokens=40, sampling=regex_sampling())
+    for _ in range(4):
+        driver.run_step()
+    request = driver.requests[first]
+    before = list(request.output_ids)
+    assert before and before[-1] != EOS
+    request.max_new_tokens = len(before)   # this copy is done: its row is dropped next step
+    driver.finished.append(first)
+    if moved:
+        sampling = regex_sampling()
+        sampling.grammar.num_resumed_tokens = len(before)
+        again = driver.add(PROMPT + before, max_new_tokens=40 - len(before), sampling=sampling)
+        return before, before + driver.run()[again]
+    again = driver.add(PROMPT, max_new_tokens=40, sampling=regex_sampling())
+    driver.requests[again].token_ids += before
+    return before, driver.run()[again]
+
+
+@pytest.mark.parametrize("moved", [False, True], ids=["preempted", "moved"])
+def test_a_resumed_request_rebuilds_its_matcher(runner: ModelRunner,
+                                                moved: bool) -> None:
+    reference_driver = StepDriver(runner)
+    handle = reference_driver.add(PROMPT, max_new_tokens=40, sampling=regex_sampling())
+    reference = reference_driver.run()[handle]
+    before, outputs = run_interrupted(runner, moved)
+    assert outputs[:len(before)] == before
+    assert re.fullmatch(REGEX, text_of(outputs))
+    assert outputs == reference
+
+
+def test_a_rebuilt_matcher_masks_as_the_original(model_dir: Path) -> None:
+    """The bitmask after replaying a row's outputs equals the one of the matcher that
+    generated them, token by token (no model: the outputs are chosen here)."""
+    spec = wire.GrammarSpec(kind=wire.GrammarKind.JSON_SCHEMA, spec='{"type": "object", '
+                            '"properties": {"a": {"type": "integer"}}, "required": ["a"]}')
+    outputs = [PIECES.index(t) for t in ['{"', "a", '":', "1", "2"]]
+    token_ids = np.zeros((2, 64), dtype=np.int32)
+    num_tokens = np.full(2, len(PROMPT), dtype=np.int32)
+    token_ids[:, :len(PROMPT)] = PROMPT
+    live = _structured(model_dir)
+    live.add_request(0, spec, len(PROMPT))
+    rows = np.array([0])
+    for token in outputs:
+        live.fill_bitmask(rows, token_ids, num_tokens)
+        token_ids[0, num_tokens[0]] = token
+        num_tokens[0] += 1
+        live.accept_tokens(rows, np.array([token]))
+    token_ids[1], num_tokens[1] = token_ids[0], num_tokens[0]
+    rebuilt = _structured(model_dir)
+    rebuilt.add_request(1, spec, len(PROMPT))
+    expected = live.fill_bitmask(rows, token_ids, num_tokens)
+    got = rebuilt.fill_bitmask(np.array([1]), token_ids, num_tokens)
+    assert expected is not None and got is not None
+    assert torch.equal(expected.bitmask[0], got.bitmask[0])
+
+
+def _structured(model_dir: Path) -> StructuredOutputs:
+    return StructuredOutputs(lambda: load_tokenizer_info(model_dir, 256, [EOS]), 2, 256, 4)
+
+
+def test_the_cpu_mask_equals_xgrammars_kernel() -> None:
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 100, generator=generator)
+    bitmask = xgr.allocate_token_bitmask(8, 100)
+    bitmask.random_(-2**31, 2**31 - 1, generator=generator)
+    bitmask[[1, 2, 4]] = -1   # rows without a grammar allow everything (fill_bitmask's rule)
+    expected = logits.clone()
+    xgr.apply_token_bitmask_inplace(expected, bitmask, indices=[0, 3])
+    apply_bitmask(logits, GrammarBitmask(bitmask[:5], [0, 3], failed=[]))
+    assert torch.equal(logits, expected)
+    assert torch.isinf(logits[0]).any() and not torch.isinf(logits[1]).any()
