@@ -88,9 +88,11 @@ def create_app(ctx: FrontendContext, registry: CollectorRegistry) -> FastAPI:
                                      return_token_strings=body.return_token_strs)
         if body.messages is not None:
             prompt = chat_prompt(ChatCompletionRequest(model=body.model or "",
-                                                       messages=body.messages))
+                                                       messages=body.messages,
+                                                       tools=body.tools))
             assert prompt.chat is not None
             message.chat = prompt.chat
+            message.tools_json = prompt.tools_json
             message.add_generation_prompt = body.add_generation_prompt
             message.continue_final_message = body.continue_final_message
         elif body.prompt is not None:

@@ -5,8 +5,10 @@ it detokenizes the requests it encoded)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import defaultdict
+from typing import Any
 
 import betterproto
 from nats.aio.subscription import Subscription
@@ -51,7 +53,8 @@ class TokenizerService(Service):
     async def setup(self) -> None:
         files = await asyncio.to_thread(resolve_model, self.settings.model)
         started = time.monotonic()
-        self.codec = await asyncio.to_thread(TextCodec, files.hf_dir)
+        self.codec = await asyncio.to_thread(TextCodec, files.hf_dir,
+                                             self.settings.chat_template)
         self.log.info("tokenizer loaded", model=str(files.source), vocab_size=self.codec.vocab_size,
                       seconds=round(time.monotonic() - started, 2))
         hf_tokenizer = self.codec.hf
@@ -129,12 +132,12 @@ class TokenizerService(Service):
                                     f"(0..{self.codec.vocab_size - 1})")
             return token_ids
         if kind == "chat":
-            messages = [{"role": m.role, "content": m.content, **({"name": m.name} if m.name else {})}
-                        for m in value.messages]
-            text = self.codec.render_chat(messages, request.add_generation_prompt,
+            text = self.codec.render_chat([_template_message(m) for m in value.messages],
+                                          request.add_generation_prompt,
                                           request.continue_final_message,
                                           request.chat_template or None,
-                                          request.chat_template_kwargs_json)
+                                          request.chat_template_kwargs_json,
+                                          _json_list(request.tools_json, "tools"))
             # The template already placed the special tokens.
             return self.codec.encode(text, add_special_tokens=request.add_special_tokens)
         return self.codec.encode(value or "", add_special_tokens=request.add_special_tokens)
@@ -283,3 +286,28 @@ def trim_rows(columns: wire.LogprobColumns, rows: int) -> wire.LogprobColumns:
         token_ids=columns.token_ids[:4 * rows], logprobs=columns.logprobs[:4 * rows],
         num_top=top, top_token_ids=columns.top_token_ids[:4 * rows * top],
         top_logprobs=columns.top_logprobs[:4 * rows * top])
+
+
+def _template_message(message: wire.ChatMessage) -> dict[str, Any]:
+    """A chat message as templates read it (OpenAI's shape; content always a string)."""
+    rendered: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.name:
+        rendered["name"] = message.name
+    if message.tool_calls_json:
+        rendered["tool_calls"] = _json_list(message.tool_calls_json, "tool_calls")
+    if message.tool_call_id:
+        rendered["tool_call_id"] = message.tool_call_id
+    return rendered
+
+
+def _json_list(text: str, what: str) -> list[dict[str, Any]] | None:
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidPrompt(f"{what} is not valid JSON: {exc}") from None
+    if not isinstance(value, list):
+        raise InvalidPrompt(f"{what} must be a list")
+    return value
+

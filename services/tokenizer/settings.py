@@ -14,6 +14,10 @@ class TokenizerSettings(CommonSettings, ModelSettings):
     instance_timeout_s: float = setting(
         3.5, "A gateway whose heartbeat is older than this is gone: its requests are dropped "
         "here and aborted in their engines")
+    chat_template: str = setting(
+        "", "A Jinja chat template (a file's path, or the template itself) used instead of "
+        "the model's; empty: the model's, or the shipped tool-use template when a request "
+        "has tools and the model's template cannot show them")
     grammar_cache_size: int = setting(
         256, "Structured outputs: compiled grammars kept (LRU), keyed by kind and spec text")
     grammar_compile_timeout_s: float = setting(

@@ -9,6 +9,11 @@ _ = None
 # Pydantic models whose fields are the OpenAI API's shapes (serialized, never read here).
 _.reasoning_tokens, _.input_tokens_details, _.output_tokens_details
 _.in_progress_at, _.failed_at, _.expired_at, _.cancelling_at
+# Request fields OpenAI clients send that change nothing here (a tool's `strict`: every
+# forced call is enforced anyway).
+_.strict
+# Pydantic models and enums a test hands an agent library, which reads them by name.
+_.RED, _.GREEN, _.BLUE, _.color, _.weight_grams
 # uvicorn.Server hooks the gateway (and the bench stub server) override or set.
 _.capture_signals, _.should_exit
 # A model config read from HF's config.json: kept whole so it describes the model.

@@ -10,6 +10,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from services.common import wire
+from services.common.frontend.chat_tools import ChatOutput, ToolPlan, plan_tools
 from services.common.frontend.context import FrontendContext
 from services.common.frontend.errors import invalid
 from services.common.frontend.generation import GenerationPlan, PromptInput
@@ -21,7 +22,7 @@ from services.common.frontend.logprobs import (
     split_logprobs,
 )
 from services.common.frontend.mesh_client import TextDelta
-from services.common.frontend.protocol import ChatCompletionRequest
+from services.common.frontend.protocol import ChatCompletionRequest, ChatMessage
 from services.common.frontend.responses import ChoiceState, finish_reason, stop_reason
 from services.common.frontend.sampling import check_limits, detokenize_params, sampling_params
 from services.common.frontend.structured_outputs import grammar_request
@@ -29,12 +30,15 @@ from services.common.frontend.structured_outputs import grammar_request
 
 def chat_prompt(body: ChatCompletionRequest) -> PromptInput:
     try:
-        messages = [wire.ChatMessage(role=m.role, content=m.text(), name=m.name or "")
-                    for m in body.messages]
+        messages = [_wire_message(m) for m in body.messages]
     except ValueError as exc:
         raise invalid(str(exc), param="messages") from None
+    # NOTE: with tool_choice "none" the tools still reach the template, as vLLM does: the
+    # model sees them; only calls are not parsed out.
+    tools = json.dumps([t.model_dump(exclude_none=True) for t in body.tools]) \
+        if body.tools else ""
     return PromptInput(
-        chat=wire.ChatMessages(messages=messages),
+        chat=wire.ChatMessages(messages=messages), tools_json=tools,
         add_generation_prompt=body.add_generation_prompt,
         continue_final_message=body.continue_final_message,
         add_special_tokens=body.add_special_tokens, chat_template=body.chat_template or "",
@@ -42,8 +46,16 @@ def chat_prompt(body: ChatCompletionRequest) -> PromptInput:
         if body.chat_template_kwargs else "")
 
 
+def _wire_message(message: ChatMessage) -> wire.ChatMessage:
+    calls = json.dumps([c.model_dump(exclude_none=True) for c in message.tool_calls]) \
+        if message.tool_calls else ""
+    return wire.ChatMessage(role=message.role, content=message.text(), name=message.name or "",
+                            tool_calls_json=calls, tool_call_id=message.tool_call_id or "")
+
+
 @dataclass
 class ChatChoice(ChoiceState):
+    output: ChatOutput | None = None
     logprobs: list[dict[str, Any]] = field(default_factory=list)
     prompt_rows: list[LogprobRow] = field(default_factory=list)
 
@@ -57,13 +69,20 @@ class ChatCompletion(GenerationHandler[ChatCompletionRequest, ChatChoice]):
     def __init__(self, body: ChatCompletionRequest, ctx: FrontendContext) -> None:
         super().__init__(body, ctx)
         self.num_logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        self.tools: ToolPlan | None = None     # set by plan()
 
     def plan(self) -> GenerationPlan:
         body = self.body
         if body.top_logprobs is not None and not body.logprobs:
             raise invalid("top_logprobs needs logprobs set to true", param="top_logprobs")
-        if body.tools and body.tool_choice != "none":
-            raise invalid("tool calling is not supported yet", param="tools")
+        self.tools = plan_tools(body, self.ctx.settings)
+        grammar = grammar_request(body)
+        if self.tools is not None and self.tools.is_forced:
+            if grammar is not None:
+                raise invalid(f"tool_choice {self.tools.mode!r} constrains the output itself: "
+                              f"it cannot be combined with {grammar.param}",
+                              param="tool_choice")
+            grammar = self.tools.grammar()
         check_limits(body, self.ctx.settings, self.num_logprobs)
         max_tokens = body.max_completion_tokens or body.max_tokens
         param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
@@ -76,7 +95,7 @@ class ChatCompletion(GenerationHandler[ChatCompletionRequest, ChatChoice]):
                 body, self.ctx.client.gateway_id, engine_id,
                 self.num_logprobs is not None or body.prompt_logprobs is not None),
             seed=body.seed, priority=body.priority, cache_salt=body.cache_salt or "",
-            max_tokens_param=param, grammar=grammar_request(body))
+            max_tokens_param=param, grammar=grammar)
 
     def _logprobs_of(self, entries: list[wire.TokenLogprobs]) -> list[dict[str, Any]]:
         if self.num_logprobs is None:
@@ -85,7 +104,7 @@ class ChatCompletion(GenerationHandler[ChatCompletionRequest, ChatChoice]):
         return chat_logprob_entries(output_rows)
 
     def new_choice(self, index: int) -> ChatChoice:
-        return ChatChoice()
+        return ChatChoice(output=ChatOutput(self.tools, self.ctx.settings))
 
     def add(self, choice: ChatChoice, delta: TextDelta) -> None:
         choice.add(delta)
@@ -105,9 +124,11 @@ class ChatCompletion(GenerationHandler[ChatCompletionRequest, ChatChoice]):
         return {"content": entries} if self.num_logprobs is not None else None
 
     def choice_json(self, index: int, choice: ChatChoice) -> dict[str, Any]:
-        return {"index": index, "message": {"role": "assistant", "content": choice.text},
+        assert choice.output is not None
+        message = choice.output.message(choice.text)
+        return {"index": index, "message": message,
                 "logprobs": self._logprobs_field(choice.logprobs),
-                "finish_reason": finish_reason(choice.finish),
+                "finish_reason": _finish_reason(choice.finish, choice.output),
                 "stop_reason": stop_reason(choice.finish)}
 
     def opening_chunk_choices(self, count: int) -> list[dict[str, Any]]:
@@ -117,13 +138,20 @@ class ChatCompletion(GenerationHandler[ChatCompletionRequest, ChatChoice]):
 
     def chunk_choice(self, index: int, choice: ChatChoice,
                      delta: TextDelta) -> dict[str, Any] | None:
+        assert choice.output is not None
         entries = self._logprobs_of(delta.logprobs)
-        if not delta.text and delta.finish is None and not entries:
+        message = choice.output.delta(delta.text, is_last=delta.finish is not None)
+        if not message and delta.finish is None and not entries:
             return None
-        return {"index": index, "delta": {"content": delta.text} if delta.text else {},
+        return {"index": index, "delta": message,
                 "logprobs": self._logprobs_field(entries),
-                "finish_reason": finish_reason(delta.finish),
+                "finish_reason": _finish_reason(delta.finish, choice.output),
                 "stop_reason": stop_reason(delta.finish)}
+
+
+def _finish_reason(finish: wire.FinishInfo | None, output: ChatOutput) -> str | None:
+    reason = finish_reason(finish)
+    return "tool_calls" if reason == "stop" and output.called_tools else reason
 
 
 async def create_chat_completion(body: ChatCompletionRequest, ctx: FrontendContext,

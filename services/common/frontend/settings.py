@@ -42,3 +42,13 @@ class FrontendSettings(TenantSettings, CommonSettings):
     instance_timeout_s: float = setting(
         3.5, "A service whose heartbeat is older than this is gone; its requests fail")
     tokenizer_timeout_s: float = setting(10.0, "Longest to wait for a tokenizer's answer")
+    enable_auto_tool_choice: bool = setting(
+        True, "Let the model decide when to call tools (tool_choice \"auto\", the default "
+        "with tools), parsing its calls with --tool-call-parser; off: \"auto\" is a 400")
+    tool_call_parser: str = setting(
+        "hermes", "How the model writes tool calls (vLLM's names): hermes (Qwen2/3 and the "
+        "shipped tool-use template), llama3_json, mistral, pythonic",
+        choices=["hermes", "llama3_json", "mistral", "pythonic"])
+    reasoning_parser: str = setting(
+        "", "Split <think> reasoning from the answer into reasoning_content (vLLM's names): "
+        "deepseek_r1, qwen3; empty: off", choices=["", "deepseek_r1", "qwen3"])

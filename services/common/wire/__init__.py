@@ -459,6 +459,8 @@ class ChatMessage(betterproto.Message):
     role: str = betterproto.string_field(1)
     content: str = betterproto.string_field(2)
     name: str = betterproto.string_field(3)
+    tool_calls_json: str = betterproto.string_field(4)
+    tool_call_id: str = betterproto.string_field(5)
 
 
 @dataclass(eq=False, repr=False)
@@ -510,6 +512,8 @@ class EncodeRequest(betterproto.Message):
     Structured outputs: compiled (and cached) here, so a bad grammar is a 400 before any
      engine sees it. An invalid one registers no detokenizer state.
     """
+
+    tools_json: str = betterproto.string_field(15)
 
 
 @dataclass(eq=False, repr=False)

@@ -1,0 +1,57 @@
+"""An agent library drives the real mesh: LangChain's structured output (json_schema) and
+forced tool calls each come back as a valid object.
+
+instructor is not here: its newest release (1.17.0) pins jiter < 0.15 while the openai
+client we test with (3.57) needs jiter >= 0.16, so the two cannot share an environment."""
+
+from __future__ import annotations
+
+import enum
+
+import jsonschema
+import pytest
+from langchain_core.tools import tool
+from langchain_openai import ChatOpenAI
+from pydantic import BaseModel, Field
+
+from tests.mesh import Mesh
+
+pytestmark = pytest.mark.slow
+
+
+class Color(str, enum.Enum):
+    RED = "red"
+    GREEN = "green"
+    BLUE = "blue"
+
+
+class Fruit(BaseModel):
+    name: str = Field(max_length=20)
+    color: Color
+    weight_grams: int = Field(ge=1, le=1000)
+
+
+@tool
+def get_weather(city: str, days: int) -> str:
+    """The weather forecast for a city, for a number of days."""
+    return f"sunny in {city} for {days} days"
+
+
+@pytest.fixture(scope="module")
+def chat_model(mesh: Mesh, model_name: str) -> ChatOpenAI:
+    return ChatOpenAI(base_url=f"{mesh.base_url}/v1", api_key="unused", model=model_name,
+                      temperature=0, max_tokens=96, max_retries=0, timeout=120)
+
+
+def test_with_structured_output_json_schema(chat_model: ChatOpenAI) -> None:
+    fruit = chat_model.with_structured_output(Fruit, method="json_schema").invoke(
+        "Describe an apple.")
+    assert isinstance(fruit, Fruit)
+
+
+def test_bind_tools_with_a_named_tool_choice(chat_model: ChatOpenAI) -> None:
+    message = chat_model.bind_tools([get_weather], tool_choice="get_weather").invoke(
+        "What will the weather be in Paris for the next 3 days?")
+    assert [call["name"] for call in message.tool_calls] == ["get_weather"]
+    schema = get_weather.tool_call_schema.model_json_schema()
+    jsonschema.validate(message.tool_calls[0]["args"], schema)
