@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 import sys
 import time
@@ -56,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--long-fraction", type=float, default=0.1, help="mixed")
     load.add_argument("--ignore-eos", action="store_true", help="exact output lengths (vLLM)")
     load.add_argument("--temperature", type=float, default=0.0)
+    load.add_argument("--extra-body", type=json.loads, default={},
+                      help='JSON merged into every request body (vLLM\'s flag), e.g. '
+                           '\'{"response_format": {"type": "json_object"}}\'')
     load.add_argument("--seed", type=int, default=0)
     traffic = p.add_argument_group("traffic")
     traffic.add_argument("--request-rate", type=float, default=math.inf,
@@ -132,7 +136,7 @@ async def bench_serve(args: argparse.Namespace, points: list[BenchmarkPoint],
     num_prompts = args.num_prompts or _default_num_prompts(workload)
     caps = [p.max_concurrency for p in points]
     pool = num_prompts if None in caps else min(max(caps), num_prompts)  # type: ignore[type-var]
-    sampling = SamplingOptions(args.temperature, args.ignore_eos)
+    sampling = SamplingOptions(args.temperature, args.ignore_eos, args.extra_body)
     metrics: list[BenchmarkMetrics] = []
     details: list[list[RequestResult]] = []
     async with OpenAIClient(args.base_url, args.endpoint, args.api_key,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from llm_mesh.bench.httpx_transport import HttpxTransport
@@ -43,6 +43,7 @@ class EncodedRequest:
 class SamplingOptions:
     temperature: float = 0.0
     ignore_eos: bool = False
+    extra_body: dict[str, Any] = field(default_factory=dict)   # merged into every body
 
 
 def encode_body(sample: SampleRequest, model: str, endpoint: str,
@@ -56,6 +57,7 @@ def encode_body(sample: SampleRequest, model: str, endpoint: str,
         body["prompt"] = sample.prompt
     if sampling.ignore_eos:
         body["ignore_eos"] = True  # vLLM's extra field: output lengths become exact
+    body.update(sampling.extra_body)
     return EncodedRequest(json.dumps(body).encode(), sample.tag, sample.prompt_len)
 
 
