@@ -120,7 +120,8 @@ def request_timing(request: Request, engine_id: str) -> wire.FinishInfo:
     info = wire.FinishInfo(num_prompt_tokens=request.num_prompt_tokens,
                            num_cached_tokens=request.num_cached_tokens,
                            num_output_tokens=request.num_output_tokens, engine_id=engine_id,
-                           num_preemptions=request.num_preemptions)
+                           num_preemptions=request.num_preemptions,
+                           error=request.error or "", invalid=request.is_invalid)
     scheduled, first, last = (request.first_scheduled_time, request.first_token_time,
                               request.last_token_time)
     if scheduled is not None:

@@ -6,7 +6,7 @@ from itertools import chain
 from typing import cast
 
 from services.common import wire
-from services.common.packing import pack_int32, unpack_int32
+from services.common.packing import pack_int32, unpack_int32, unpack_strings
 from services.scheduler.core.output import RunnerOutput, SchedulerOutput
 from services.scheduler.kv.codec import decode_kv_connector_output, encode_kv_connector_metadata
 
@@ -39,6 +39,9 @@ def encode_step_input(output: SchedulerOutput, reset: bool = False) -> wire.Step
 
 
 def decode_step_output(message: wire.StepOutput) -> RunnerOutput:
+    rejected = dict(zip(unpack_int32(message.rejected_handles).tolist(),
+                        unpack_strings(message.rejected_reasons)))
     return RunnerOutput(handles=unpack_int32(message.handles).tolist(),
                         sampled_token_ids=unpack_int32(message.sampled_token_ids).tolist(),
-                        kv_connector_output=decode_kv_connector_output(message))
+                        kv_connector_output=decode_kv_connector_output(message),
+                        rejected=rejected)

@@ -132,7 +132,7 @@ class ModelRunner:
         self.input_batch.append_sampled(sample_rows, sampled)
         out = build_step_output(step.step, batch, sampled, sampler_output,
                                 metadata.logprob_rows, logits[num_samples:],
-                                metadata.unreported_rows)
+                                metadata.unreported_rows, metadata.rejections)
         if connector is not None:
             connector.after_forward(step)
             connector.finish_step(out, is_idle=False)

@@ -51,6 +51,11 @@ class SamplingMetadata:
         return self.grammar_bitmask.failed if self.grammar_bitmask is not None else []
 
     @property
+    def rejections(self) -> dict[int, str]:
+        """Of those, the rows whose own grammar is at fault, and why."""
+        return self.grammar_bitmask.rejections if self.grammar_bitmask is not None else {}
+
+    @property
     def needs_processing(self) -> bool:
         return self.has_penalties or self.logit_bias is not None or self.banned is not None
 

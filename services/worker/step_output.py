@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from services.common import wire
-from services.common.packing import pack_float32, pack_int32
+from services.common.packing import pack_float32, pack_int32, pack_strings
 from services.worker.sampler import SamplerOutput, gather_logprobs
 from services.worker.step_batch import StepBatch
 
@@ -14,15 +14,20 @@ from services.worker.step_batch import StepBatch
 def build_step_output(step: int, batch: StepBatch, sampled: np.ndarray,
                       sampler_output: SamplerOutput, logprob_rows: torch.Tensor | None,
                       prompt_logits: torch.Tensor | None,
-                      unreported: list[int]) -> wire.StepOutput:
+                      unreported: list[int],
+                      rejections: dict[int, str] | None = None) -> wire.StepOutput:
     """sampled: int32 token per sampling request; prompt_logits: fp32 rows of the prompt
     logprob chunks, in chunk order (None when no request asked for prompt logprobs);
-    unreported: sampling rows whose token is left out (the scheduler fails their request)."""
+    unreported: sampling rows whose token is left out (the scheduler fails their request);
+    rejections: of those, the rows ended for their own input, and why (a 400 for the client)."""
     sampling_handles = batch.handles[batch.sampling_index]
     reported = np.ones(len(sampled), dtype=bool)
     reported[unreported] = False
     out = wire.StepOutput(step=step, handles=pack_int32(sampling_handles[reported]),
                           sampled_token_ids=pack_int32(sampled[reported]))
+    if rejections:
+        out.rejected_handles = pack_int32(sampling_handles[list(rejections)])
+        out.rejected_reasons = pack_strings(list(rejections.values()))
     if logprob_rows is not None:
         rows = logprob_rows.cpu().numpy()
         keep = reported[rows]

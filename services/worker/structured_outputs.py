@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +50,7 @@ class GrammarBitmask:
     bitmask: torch.Tensor       # int32 [num sampling rows, ceil(vocab / 32)], CPU
     indices: list[int]
     failed: list[int]
+    rejections: dict[int, str] = field(default_factory=dict)  # of `failed`: the grammar's fault
 
 
 @dataclass
@@ -58,6 +59,7 @@ class _GrammarRow:
     grammar_start: int          # index in the row's tokens of the first one the grammar matches
     matcher: xgr.GrammarMatcher | None = None
     failure: str | None = None  # why the grammar cannot go on
+    is_dead_end: bool = False   # the grammar itself allows no token: the request's fault
 
 
 class StructuredOutputs:
@@ -94,10 +96,12 @@ class StructuredOutputs:
             for i in np.asarray(live)[dead_ends].tolist():
                 self._bitmask[i] = -1   # sampled unmasked, not reported
                 self._fail(int(rows[i]), "its grammar allows no token here: no output can "
-                                         "complete it")
+                                         "complete it", is_dead_end=True)
         failed = [i for i in constrained if self._rows[int(rows[i])].failure is not None]
+        rejections = {i: state.failure for i in failed
+                      if (state := self._rows[int(rows[i])]).is_dead_end and state.failure}
         return GrammarBitmask(self._bitmask[:len(rows)],
-                              [i for i in constrained if i not in failed], failed)
+                              [i for i in constrained if i not in failed], failed, rejections)
 
     def accept_tokens(self, rows: np.ndarray, token_ids: np.ndarray) -> None:
         """Advances the matchers of the constrained `rows` by their sampled tokens."""
@@ -132,8 +136,9 @@ class StructuredOutputs:
             state.matcher = matcher
         return state.failure is None
 
-    def _fail(self, row: int, reason: str) -> None:
+    def _fail(self, row: int, reason: str, is_dead_end: bool = False) -> None:
         self._rows[row].failure = reason
+        self._rows[row].is_dead_end = is_dead_end
         log.warning("a constrained request cannot go on; it ends with an error", row=row,
                     reason=reason)
 

@@ -123,6 +123,18 @@ def test_bad_constraints_are_400s_naming_the_field(client: openai.OpenAI, model_
     assert error["param"] == param and message in error["message"]
 
 
+def test_a_grammar_the_vocabulary_cannot_finish_is_a_400_not_an_engine_error(
+        client: openai.OpenAI, model_name: str) -> None:
+    """The regex compiles, and its first characters can be written, but no token of this
+    model's vocabulary writes the control character \\x14 (found by the gateway fuzz test):
+    the worker gives the request up as its own fault, and the client gets a 400 saying why;
+    the engine goes on serving."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        chat(client, model_name, "Hi", max_tokens=8, extra_body={"guided_regex": "NY\x14x"})
+    assert "allows no token" in refused.value.body["message"]
+    assert chat(client, model_name, "Hi", max_tokens=2).choices[0].finish_reason == "length"
+
+
 def tokenizer_counts(mesh: Mesh) -> tuple[float, float]:
     text = mesh.services["tokenizer"].get("/metrics")[1].decode()
     return (metric_value(text, "llm_mesh:grammar_compiles_total"),

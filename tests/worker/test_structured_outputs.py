@@ -19,7 +19,7 @@ from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 
 from services.common import wire
-from services.common.packing import unpack_int32
+from services.common.packing import unpack_int32, unpack_strings
 from services.worker.model_runner import ModelRunner, RunnerConfig
 from services.worker.structured_outputs import (
     GrammarBitmask,
@@ -112,7 +112,8 @@ def test_logprobs_are_of_the_masked_distribution(runner: ModelRunner) -> None:
 
 def test_a_grammar_that_dead_ends_fails_its_request_alone(runner: ModelRunner) -> None:
     """After "a" this grammar allows nothing (x never ends): the worker reports no token for
-    that request (the scheduler fails it) and the step goes on for the others."""
+    that request but names it rejected, with why (the scheduler fails it as invalid), and the
+    step goes on for the others."""
     dead_end = wire.GrammarSpec(kind=wire.GrammarKind.EBNF, spec='root ::= "a" x\nx ::= x "b"')
     driver = StepDriver(runner)
     doomed = driver.add(PROMPT, max_new_tokens=8, sampling=wire.SamplingParams(grammar=dead_end))
@@ -121,6 +122,9 @@ def test_a_grammar_that_dead_ends_fails_its_request_alone(runner: ModelRunner) -
     assert driver.requests[doomed].output_ids == [PIECES.index("a")]
     out = driver.run_step()
     assert unpack_int32(out.handles).tolist() == [free]
+    # Named as the request's own fault, so its client gets a 400, not an engine error.
+    assert unpack_int32(out.rejected_handles).tolist() == [doomed]
+    assert "allows no token" in unpack_strings(out.rejected_reasons)[0]
     driver.requests[doomed].max_new_tokens = 1   # failed: the scheduler drops it
     driver.finished.append(doomed)
     assert len(driver.run()[free]) == 8

@@ -170,6 +170,11 @@ class FinishInfo(betterproto.Message):
      worker never returned), so the gateway continues it on another engine instead.
     """
 
+    invalid: bool = betterproto.bool_field(16)
+    """
+    With an error: the request's own input is at fault (the gateway answers 400).
+    """
+
 
 @dataclass(eq=False, repr=False)
 class GenerateRequest(betterproto.Message):
@@ -329,6 +334,13 @@ class StepOutput(betterproto.Message):
     kv_load_failed: bytes = betterproto.bytes_field(11)
     kv_saved_ids: bytes = betterproto.bytes_field(12)
     kv_save_failed: bytes = betterproto.bytes_field(13)
+    rejected_handles: bytes = betterproto.bytes_field(14)
+    """
+    Requests the worker gives up because of their own input (a grammar that no token of
+     the vocabulary can continue): they end with a 400, not an engine error.
+    """
+
+    rejected_reasons: bytes = betterproto.bytes_field(15)
 
 
 @dataclass(eq=False, repr=False)

@@ -101,6 +101,8 @@ class RunnerOutput:
     handles: list[int]
     sampled_token_ids: list[int]
     kv_connector_output: KVConnectorOutput | None = None
+    rejected: dict[int, str] = field(default_factory=dict)
+    """Requests (by handle) the worker gave up for their own input, and why."""
 
 
 @dataclass(slots=True)

@@ -382,7 +382,9 @@ class Scheduler:
                 continue   # prefill still partial: nothing sampled
             token_id = sampled.get(handle)
             if token_id is None:
-                request.error = "the worker returned no token for a complete request"
+                reason = runner_output.rejected.get(handle)
+                request.is_invalid = reason is not None
+                request.error = reason or "the worker returned no token for a complete request"
                 outputs.append(self._finish(request, RequestStatus.FINISHED_ERROR, now, []))
                 num_finished += 1
                 continue
