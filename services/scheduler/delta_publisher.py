@@ -8,8 +8,14 @@ from dataclasses import dataclass, field
 
 from services.common import wire
 from services.common.bus import Bus
-from services.common.packing import (FLOAT32, INT32, pack_int32, pack_strings, pack_uint8,
-                                     unpack_int32)
+from services.common.packing import (
+    FLOAT32,
+    INT32,
+    pack_int32,
+    pack_strings,
+    pack_uint8,
+    unpack_int32,
+)
 from services.common.subjects import Subjects
 from services.scheduler.core.output import EngineCoreOutput
 from services.scheduler.core.request import Request
@@ -87,7 +93,7 @@ class DeltaPublisher:
             info = request_timing(request, self._engine_id)
             info.request_id = request.request_id
             info.finish_reason = wire.FinishReason.ERROR
-            info.error = reason
+            info.error = request.error or reason
             info.movable = movable
             batch.finished.append(info)
         await self._send(batches)
@@ -121,7 +127,7 @@ def request_timing(request: Request, engine_id: str) -> wire.FinishInfo:
                            num_cached_tokens=request.num_cached_tokens,
                            num_output_tokens=request.num_output_tokens, engine_id=engine_id,
                            num_preemptions=request.num_preemptions,
-                           error=request.error or "", invalid=request.is_invalid)
+                           error=request.error or "", error_code=request.error_code or "")
     scheduled, first, last = (request.first_scheduled_time, request.first_token_time,
                               request.last_token_time)
     if scheduled is not None:

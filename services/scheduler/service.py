@@ -160,7 +160,7 @@ class SchedulerService(Service):
             # NOTE: checked here, not on the worker: one bad id would fail the whole step.
             raise ValueError(f"logit_bias token id {int(bias_ids.max())} is outside the "
                              f"vocabulary (0..{vocab_size - 1})")
-        return Request(
+        request = Request(
             message.request_id, unpack_int32(message.prompt_token_ids),
             max_tokens=sampling.max_tokens, min_tokens=sampling.min_tokens,
             stop_token_ids=unpack_int32(sampling.stop_token_ids).tolist(),
@@ -170,6 +170,9 @@ class SchedulerService(Service):
             skip_prefix_cache=sampling.prompt_logprobs is not None,
             sampling=sampling, block_hasher=self.scheduler.block_hasher,
             do_remote_decode=message.do_remote_decode)
+        if message.deadline_s > 0:
+            request.deadline = request.arrival_time + message.deadline_s
+        return request
 
     async def on_abort(self, message: wire.AbortRequest) -> None:
         # Applied between steps, never under a step in flight (its blocks are in use).
@@ -280,11 +283,15 @@ class SchedulerService(Service):
                 await self._wait_for_work()
 
     async def _wait_for_work(self) -> None:
+        """Until a request, an abort, a worker change, or the next deadline."""
         assert self.worker is not None
         self._has_work.clear()
         work = asyncio.create_task(self._has_work.wait())
         changed = asyncio.create_task(self.worker.changed.wait())
-        await asyncio.wait({work, changed}, return_when=asyncio.FIRST_COMPLETED)
+        deadline = self.scheduler.next_deadline() if self.scheduler is not None else None
+        timeout = None if deadline is None else max(0.0, deadline - self.scheduler.clock())
+        await asyncio.wait({work, changed}, timeout=timeout,
+                           return_when=asyncio.FIRST_COMPLETED)
         work.cancel()
         changed.cancel()
 
@@ -293,6 +300,7 @@ class SchedulerService(Service):
         assert self.scheduler is not None and self.worker is not None
         assert self.deltas is not None and self.stats is not None
         started = time.perf_counter()
+        await self._expire_deadlines()
         scheduler_output = self.scheduler.schedule()
         if (scheduler_output.is_empty and not scheduler_output.finished_handles
                 and not scheduler_output.kv_connector_metadata and not self._has_kv_transfers()):
@@ -318,6 +326,19 @@ class SchedulerService(Service):
         self.stats.on_outputs(outputs, self.scheduler.clock())
         self.stats.on_stats(self.scheduler.make_stats())
         self.stats.on_step_times(time.perf_counter() - started, call_s, step_output.execute_s)
+
+    async def _expire_deadlines(self) -> None:
+        """Requests past their deadline end here, before the step that would run them."""
+        assert self.scheduler is not None and self.deltas is not None
+        expired = self.scheduler.expire_deadlines()
+        if not expired:
+            return
+        await self.deltas.publish_errors(expired, "the request's deadline passed",
+                                         self.tokenizer_of)
+        for request in expired:
+            self._forget(request.request_id, request.handle)
+            if self.stats is not None:
+                self.stats.on_finished(request)
 
     def _apply_aborts(self) -> None:
         if not self._pending_aborts or self.scheduler is None:

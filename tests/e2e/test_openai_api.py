@@ -202,6 +202,29 @@ def test_min_tokens_holds_back_stop_strings(client: openai.OpenAI, model_name: s
     assert held.choices[0].message.content.startswith(stop)
 
 
+def test_a_request_past_its_deadline_ends_with_504_and_frees_its_blocks(
+        mesh: Mesh, client: openai.OpenAI, model_name: str) -> None:
+    """X-Request-Deadline-S reaches the engine: it ends the request within a step of the
+    deadline and frees its blocks; the client gets an OpenAI error with a clear code, streamed
+    or not. A bad header is a 400."""
+    kwargs = {"model": model_name, "prompt": "Once upon a time", "max_tokens": 1500,
+              "extra_body": {"ignore_eos": True}, "extra_headers": {"X-Request-Deadline-S": "1"}}
+    started = time.monotonic()
+    with pytest.raises(openai.APIStatusError) as ended:
+        client.completions.create(**kwargs)
+    assert ended.value.status_code == 504 and time.monotonic() - started < 10
+    assert ended.value.body["code"] == "deadline_exceeded"
+    wait_for(lambda: mesh.scheduler_metric("vllm:num_requests_running") == 0)
+    wait_for(lambda: mesh.scheduler_metric("vllm:kv_cache_usage_perc") == 0)
+    with pytest.raises(openai.APIError) as streamed:   # the stream's error event
+        for _ in client.completions.create(stream=True, **kwargs):
+            pass
+    assert streamed.value.code == "deadline_exceeded"
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(**{**kwargs, "extra_headers": {"X-Request-Deadline-S": "-3"}})
+    wait_for(lambda: mesh.scheduler_metric("vllm:kv_cache_usage_perc") == 0)
+
+
 def test_bad_input_gets_openai_errors_and_never_reaches_the_engine(
         mesh: Mesh, model_name: str) -> None:
     url = f"{mesh.base_url}/v1/chat/completions"

@@ -434,3 +434,28 @@ def test_handles_are_unique_and_name_the_worker_rows() -> None:
     # A complete prefill that got no token is a worker fault: the request fails.
     assert [r.request_id for r in results if r.finish_reason is FinishReason.ERROR] == \
         ["r1", "r2", "r3", "r4"]
+
+
+def test_a_request_past_its_deadline_ends_with_an_error_and_frees_its_blocks() -> None:
+    clock = ManualClock()
+    scheduler, worker = make_scheduler(clock=clock, max_num_batched_tokens=8)
+    free_at_start = scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+    late = make_request("late", prompt(12), max_tokens=100, arrival_time=0.0)
+    late.deadline = 2.5
+    other = make_request("other", prompt(5, seed=1), max_tokens=100, arrival_time=0.0)
+    scheduler.add_request(late)
+    scheduler.add_request(other)
+    assert scheduler.next_deadline() == 2.5
+    run = Run()
+    for _ in range(2):
+        clock.advance(1.0)
+        assert scheduler.expire_deadlines() == []
+        step(scheduler, worker, run)
+    clock.advance(1.0)                        # 3.0: past the deadline
+    assert scheduler.expire_deadlines() == [late]
+    assert late.status is RequestStatus.FINISHED_ERROR
+    assert (late.error_code, scheduler.next_deadline()) == ("deadline_exceeded", None)
+    assert [r.request_id for r in scheduler.running] == ["other"]
+    scheduler.abort_requests(["other"], RequestStatus.FINISHED_ABORTED)
+    step(scheduler, worker, run)              # the worker drops both rows
+    assert scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == free_at_start

@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 _TYPE_BY_STATUS = {
     400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
     413: "invalid_request_error", 429: "rate_limit_error", 500: "internal_server_error",
-    503: "service_unavailable",
+    503: "service_unavailable", 504: "timeout_error",
 }
 
 
@@ -37,6 +37,13 @@ class ApiError(Exception):
 
 def invalid(message: str, param: str | None = None, code: str | None = None) -> ApiError:
     return ApiError(400, message, param=param, code=code)
+
+
+def deadline_exceeded() -> ApiError:
+    """The request's deadline (--request-deadline-s, or its X-Request-Deadline-S header)
+    passed before it finished; the engine ended it and freed its blocks."""
+    return ApiError(504, "the request's deadline passed before it finished",
+                    code="deadline_exceeded")
 
 
 def unavailable(message: str, code: str = "service_unavailable",

@@ -18,6 +18,7 @@ from services.common.frontend.disaggregation import as_prefill, prefill_remotely
 from services.common.frontend.errors import (
     ApiError,
     context_length_exceeded,
+    deadline_exceeded,
     invalid,
     unavailable,
 )
@@ -28,6 +29,8 @@ from services.common.frontend.structured_outputs import GrammarRequest
 from services.common.packing import unpack_int32
 
 log = structlog.get_logger(__name__)
+
+DEADLINE_GRACE_S = 2.0
 
 
 @dataclass
@@ -66,6 +69,7 @@ class GenerationPlan:
     cache_salt: str = ""
     max_tokens_param: str = "max_tokens"
     grammar: GrammarRequest | None = None          # structured outputs
+    deadline_s: float = 0.0                        # from arrival; 0: none
 
 
 def new_request_id(prefix: str) -> str:
@@ -84,6 +88,8 @@ class GenerationRun:
     prompts: list[EncodedPrompt] = field(default_factory=list)
     generations: list[Generation] = field(default_factory=list)
     created: int = field(default_factory=lambda: int(time.time()))
+    started_at: float = field(default_factory=time.monotonic)
+    deadline_at: float | None = None              # monotonic; set from the plan's deadline
     _queue: asyncio.Queue[TextDelta] = field(default_factory=asyncio.Queue)
     _num_tokens: dict[int, int] = field(default_factory=dict)   # choice index -> tokens
     _n: int = 1
@@ -92,6 +98,8 @@ class GenerationRun:
         """Encodes, checks and submits every choice. A tenant (the API key's) salts the
         prefix cache and pays for prompt + max_tokens from its token bucket (429 if empty)."""
         self._n = plan.n
+        if plan.deadline_s > 0:
+            self.deadline_at = self.started_at + plan.deadline_s
         if tenant is not None:
             plan.cache_salt = tenant.cache_salt(plan.cache_salt)
             self.timer.key_id = tenant.key_id
@@ -229,16 +237,28 @@ class GenerationRun:
                     request_id=child_id, prompt_token_ids=prompt.token_ids,
                     sampling=sampling, priority=plan.priority,
                     cache_salt=plan.cache_salt, tokenizer_id=prompt.tokenizer_id,
-                    arrival_time=time.time()))
+                    arrival_time=time.time(), deadline_s=self._deadline_left(plan)))
         return requests
+
+    def _deadline_left(self, plan: GenerationPlan) -> float:
+        if plan.deadline_s <= 0:
+            return 0.0
+        return max(plan.deadline_s - (time.monotonic() - self.started_at), 1e-3)
 
     async def deltas(self) -> AsyncIterator[TextDelta]:
         """Every choice's deltas, in arrival order, until all have finished."""
         remaining = len(self.generations)
         while remaining:
+            wait_s = self.request_timeout_s
+            if self.deadline_at is not None:
+                # NOTE: the engine ends the request at its deadline; this grace covers an
+                # engine that went silent, so the client hears by the deadline + grace.
+                wait_s = min(wait_s, self.deadline_at + DEADLINE_GRACE_S - time.monotonic())
             try:
-                delta = await asyncio.wait_for(self._queue.get(), self.request_timeout_s)
+                delta = await asyncio.wait_for(self._queue.get(), max(wait_s, 0.0))
             except asyncio.TimeoutError:
+                if self.deadline_at is not None and time.monotonic() >= self.deadline_at:
+                    raise deadline_exceeded() from None
                 raise unavailable(f"no output for {self.request_timeout_s:.0f} s; the request "
                                   f"was aborted", code="timeout") from None
             self._account(delta)

@@ -4,6 +4,7 @@ chunks, with usage as `stream_options` asks. A subclass says how its choices loo
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar, Generic, TypeVar
@@ -13,6 +14,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from services.common.frontend.auth import tenant_of
 from services.common.frontend.context import FrontendContext
+from services.common.frontend.errors import invalid
 from services.common.frontend.generation import GenerationPlan
 from services.common.frontend.mesh_client import TextDelta
 from services.common.frontend.protocol import ChatCompletionRequest, CompletionRequest
@@ -81,7 +83,9 @@ class GenerationHandler(ABC, Generic[Body, C]):
 
     async def respond(self, request: Request) -> JSONResponse | StreamingResponse:
         with request_log_context(self.run.request_id):
-            await self.run.start(self.plan(), tenant_of(request))
+            plan = self.plan()
+            plan.deadline_s = request_deadline_s(request, self.ctx.settings.request_deadline_s)
+            await self.run.start(plan, tenant_of(request))
             try:
                 await self.prepare()
             except BaseException:
@@ -138,3 +142,23 @@ class GenerationHandler(ABC, Generic[Body, C]):
         if self._include_usage:
             chunk["usage"] = chunk_usage
         return chunk
+
+
+DEADLINE_HEADER = "x-request-deadline-s"
+
+
+def request_deadline_s(request: Request, server_deadline_s: float) -> float:
+    """The request's deadline in seconds (0: none): the server's, or the X-Request-Deadline-S
+    header's when that is shorter (a client may ask for less, never for more)."""
+    header = request.headers.get(DEADLINE_HEADER)
+    if header is None:
+        return server_deadline_s
+    try:
+        asked = float(header)
+    except ValueError:
+        asked = math.nan
+    if not (math.isfinite(asked) and asked > 0):
+        raise invalid(f"the X-Request-Deadline-S header must be a positive number of seconds, "
+                      f"got {header!r}", param="X-Request-Deadline-S")
+    return min(asked, server_deadline_s) if server_deadline_s > 0 else asked
+

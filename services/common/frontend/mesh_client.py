@@ -54,6 +54,7 @@ class Generation:
     num_moves: int = 0
     moving: bool = False
     placed_at: float = field(default_factory=time.monotonic)
+    deadline_at: float | None = None            # monotonic: when the request must have ended
     placed_reconnects: dict[str, int] = field(default_factory=dict)  # instance -> its count
 
 
@@ -123,6 +124,8 @@ class MeshClient:
         generation = Generation(request.request_id, index, engine.engine_id,
                                 engine.scheduler_id, request.tokenizer_id, queue,
                                 request=request, detokenize=detokenize, model=model)
+        if request.deadline_s > 0:
+            generation.deadline_at = time.monotonic() + request.deadline_s
         await self.place(generation, engine, request)
         return generation
 

@@ -16,6 +16,7 @@ differs) and ends with that error at once.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import TYPE_CHECKING, TypeVar
 
 import betterproto
@@ -128,6 +129,8 @@ class Migrator:
             request_id=request_id, prompt_token_ids=first.prompt_token_ids + pack_int32(streamed),
             sampling=sampling, priority=first.priority, cache_salt=first.cache_salt,
             tokenizer_id=encoded.tokenizer_id, arrival_time=first.arrival_time)
+        if generation.deadline_at is not None:   # what is left of it, not a fresh one
+            continuation.deadline_s = max(generation.deadline_at - time.monotonic(), 1e-3)
         try:
             await self._client.place(generation, engine, continuation)
         except BaseException:

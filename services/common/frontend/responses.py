@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 
 from services.common import wire
-from services.common.frontend.errors import ApiError, invalid, unavailable
+from services.common.frontend.errors import ApiError, deadline_exceeded, invalid, unavailable
 from services.common.frontend.generation import GenerationRun
 from services.common.frontend.mesh_client import TextDelta
 
@@ -58,8 +58,11 @@ def stop_reason(finish: wire.FinishInfo | None) -> str | int | None:
 
 def error_of(delta: TextDelta) -> ApiError | None:
     if delta.finish is not None and delta.finish.finish_reason == wire.FinishReason.ERROR:
-        if delta.finish.invalid:    # the request's own input (a grammar no token continues)
+        code = delta.finish.error_code
+        if code == "invalid_request":    # its own input (a grammar no token continues)
             return invalid(f"the request cannot be completed: {delta.finish.error}")
+        if code == "deadline_exceeded":
+            return deadline_exceeded()
         return unavailable(delta.finish.error or "the engine failed the request",
                            code="engine_error")
     return None

@@ -39,6 +39,11 @@ class FrontendSettings(TenantSettings, CommonSettings):
     max_logprobs: int = setting(20, "Largest number of top logprobs accepted")
     max_stop_strings: int = setting(64, "Most stop strings one request may set")
     request_timeout_s: float = setting(600.0, "Longest a request may wait for its next token")
+    request_deadline_s: float = setting(
+        0.0, "Longest a request may take from arrival to its last token (0: no deadline); a "
+        "request may ask for less with the X-Request-Deadline-S header. Past it the engine "
+        "ends the request within a step, frees its blocks, and the client gets a 504 "
+        "deadline_exceeded")
     instance_timeout_s: float = setting(
         3.5, "A service whose heartbeat is older than this is gone; its requests fail")
     tokenizer_timeout_s: float = setting(10.0, "Longest to wait for a tokenizer's answer")

@@ -170,9 +170,11 @@ class FinishInfo(betterproto.Message):
      worker never returned), so the gateway continues it on another engine instead.
     """
 
-    invalid: bool = betterproto.bool_field(16)
+    error_code: str = betterproto.string_field(16)
     """
-    With an error: the request's own input is at fault (the gateway answers 400).
+    With an error, what kind: "invalid_request" (the request's own input, e.g. a grammar no
+     token continues: a 400), "deadline_exceeded" (its deadline passed: a 504); empty: the
+     engine's failure.
     """
 
 
@@ -190,6 +192,12 @@ class GenerateRequest(betterproto.Message):
     Prefill/decode disaggregation: a producer engine runs only the prefill, saves every full
      prompt block to the kvstore and finishes once the store holds them (vLLM's
      kv_transfer_params do_remote_decode). The gateway then sends the request to a consumer.
+    """
+
+    deadline_s: float = betterproto.double_field(9)
+    """
+    Seconds left, when sent, for the request to end (0: no deadline). The engine ends it
+     with error_code "deadline_exceeded" once they pass (within a step) and frees its blocks.
     """
 
 

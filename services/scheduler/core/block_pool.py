@@ -6,8 +6,12 @@ from collections.abc import Iterable, Sequence
 
 from services.common.block_hash import BlockHash
 from services.scheduler.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
-from services.scheduler.core.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored,
-                                               KVCacheEvent)
+from services.scheduler.core.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVCacheEvent,
+)
 from services.scheduler.core.request import Request
 
 

@@ -46,8 +46,8 @@ class Request:
         "_all_token_ids", "max_tokens", "min_tokens", "stop_token_ids", "eos_token_ids",
         "ignore_eos", "stop_ids", "priority", "cache_salt", "lora_id", "skip_prefix_cache",
         "sampling", "status", "num_computed_tokens", "num_cached_tokens", "num_preemptions",
-        "handle", "arrival_order", "stop_token_id", "error", "is_invalid", "block_hasher",
-        "block_hashes",
+        "handle", "arrival_order", "stop_token_id", "error", "error_code", "deadline",
+        "block_hasher", "block_hashes",
         "_next_hash_at", "arrival_time", "first_scheduled_time", "first_token_time",
         "last_token_time", "finished_time", "do_remote_decode", "kv_store_hit",
     )
@@ -114,8 +114,11 @@ class Request:
         """Admission sequence number: breaks ties between equal arrival times."""
         self.stop_token_id: int | None = None
         self.error: str | None = None
-        self.is_invalid = False
-        """With `error`: the request's own input is at fault (its client gets a 400)."""
+        self.error_code: str | None = None
+        """With `error`: what kind ("invalid_request", "deadline_exceeded"; None: the
+        engine's failure)."""
+        self.deadline: float | None = None
+        """On the scheduler's clock: the request ends with an error once it passes."""
 
         self.arrival_time = arrival_time
         self.first_scheduled_time: float | None = None

@@ -17,8 +17,14 @@ from services.scheduler.core.errors import AdmissionRejected, RequestTooLong
 from services.scheduler.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from services.scheduler.core.kv_connector import SchedulerKVConnector
 from services.scheduler.core.kv_events import KVCacheEvent
-from services.scheduler.core.output import (CachedRequestData, EngineCoreOutput, NewRequestData,
-                                            RunnerOutput, SchedulerOutput, SchedulerStats)
+from services.scheduler.core.output import (
+    CachedRequestData,
+    EngineCoreOutput,
+    NewRequestData,
+    RunnerOutput,
+    SchedulerOutput,
+    SchedulerStats,
+)
 from services.scheduler.core.request import Request, RequestStatus
 from services.scheduler.core.request_queue import create_request_queue
 
@@ -383,7 +389,7 @@ class Scheduler:
             token_id = sampled.get(handle)
             if token_id is None:
                 reason = runner_output.rejected.get(handle)
-                request.is_invalid = reason is not None
+                request.error_code = "invalid_request" if reason is not None else None
                 request.error = reason or "the worker returned no token for a complete request"
                 outputs.append(self._finish(request, RequestStatus.FINISHED_ERROR, now, []))
                 num_finished += 1
@@ -454,6 +460,22 @@ class Scheduler:
             self.running = [r for r in self.running if r.status is RUNNING]
             self.waiting.remove_requests(r for r in finished)
         return finished
+
+    def expire_deadlines(self) -> list[Request]:
+        """Ends, with an error, every request whose deadline passed (freeing its blocks)."""
+        now = self.clock()
+        expired = [r.request_id for r in self.requests.values()
+                   if r.deadline is not None and r.deadline <= now]
+        finished = self.abort_requests(expired, RequestStatus.FINISHED_ERROR) if expired else []
+        for request in finished:
+            request.error = "the request's deadline passed before it finished"
+            request.error_code = "deadline_exceeded"
+        return finished
+
+    def next_deadline(self) -> float | None:
+        """The earliest deadline of the requests held, on the scheduler's clock."""
+        return min((r.deadline for r in self.requests.values() if r.deadline is not None),
+                   default=None)
 
     def fail_all(self, reason: str) -> list[Request]:
         """Finishes every request with an error (the worker crashed or failed a step). The

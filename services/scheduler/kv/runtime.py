@@ -17,13 +17,21 @@ from services.common.kv_index import KVIndex
 from services.common.metrics import EngineMetrics
 from services.common.packing import pack_int32
 from services.common.subjects import Subjects
-from services.scheduler.core.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored,
-                                               KVCacheEvent)
+from services.scheduler.core.kv_connector import (
+    KVRole,
+    LoadFailurePolicy,
+    SaveMode,
+    SchedulerKVConnector,
+)
+from services.scheduler.core.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVCacheEvent,
+)
 from services.scheduler.core.output import EngineCoreOutput
 from services.scheduler.core.request import Request
 from services.scheduler.core.scheduler import Scheduler
-from services.scheduler.core.kv_connector import (KVRole, LoadFailurePolicy, SaveMode,
-                                                  SchedulerKVConnector)
 from services.scheduler.kv.lookup import KVStoreLookup
 from services.scheduler.settings import SchedulerSettings
 
