@@ -1,28 +1,16 @@
 """instructor against the mesh, run by the interpreter of its own venv (.venv-agents:
 instructor cannot share one with the openai client the tests use). Prints the object
-instructor returned, as JSON."""
+instructor returned, as JSON. Run from the repository root as a module
+(`python -m tests.e2e.instructor_client`)."""
 
 from __future__ import annotations
 
 import argparse
-import enum
 
 import instructor
 from openai import OpenAI
-from pydantic import BaseModel, Field
 
-
-class Color(str, enum.Enum):
-    RED = "red"
-    GREEN = "green"
-    BLUE = "blue"
-
-
-class Fruit(BaseModel):
-    name: str = Field(max_length=20)
-    color: Color
-    weight_grams: int = Field(ge=1, le=1000)
-
+from tests.e2e.agent_models import Fruit
 
 MODES = {"json_schema": instructor.Mode.JSON_SCHEMA, "tools": instructor.Mode.TOOLS}
 

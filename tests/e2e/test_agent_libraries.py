@@ -7,7 +7,6 @@ jiter >= 0.16, so the two cannot share one."""
 
 from __future__ import annotations
 
-import enum
 import json
 import subprocess
 from pathlib import Path
@@ -16,8 +15,8 @@ import jsonschema
 import pytest
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
-from pydantic import BaseModel, Field
 
+from tests.e2e.agent_models import Fruit
 from tests.mesh import Mesh
 
 pytestmark = pytest.mark.slow
@@ -25,17 +24,6 @@ pytestmark = pytest.mark.slow
 REPO_ROOT = Path(__file__).resolve().parents[2]
 AGENTS_PYTHON = REPO_ROOT / ".venv-agents" / "bin" / "python"
 
-
-class Color(str, enum.Enum):
-    RED = "red"
-    GREEN = "green"
-    BLUE = "blue"
-
-
-class Fruit(BaseModel):
-    name: str = Field(max_length=20)
-    color: Color
-    weight_grams: int = Field(ge=1, le=1000)
 
 
 @tool
@@ -68,9 +56,9 @@ def test_bind_tools_with_a_named_tool_choice(chat_model: ChatOpenAI) -> None:
 def test_instructor_returns_a_valid_object(mesh: Mesh, model_name: str, mode: str) -> None:
     assert AGENTS_PYTHON.exists(), "scripts/bootstrap.sh makes .venv-agents (make test runs it)"
     run = subprocess.run(
-        [str(AGENTS_PYTHON), str(REPO_ROOT / "tests/e2e/instructor_client.py"),
+        [str(AGENTS_PYTHON), "-m", "tests.e2e.instructor_client",
          "--base-url", f"{mesh.base_url}/v1", "--model", model_name, "--mode", mode],
-        capture_output=True, text=True, timeout=300)
+        capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
     assert run.returncode == 0, run.stderr[-2000:]
     Fruit.model_validate(json.loads(run.stdout))
 

@@ -13,7 +13,7 @@ import pytest
 
 from llm_mesh.embedded import free_port
 from tests.faults.streams import poll
-from tests.mesh import REPO_ROOT, ENGINE_ARGS, http_get, http_post
+from tests.mesh import ENGINE_ARGS, REPO_ROOT, http_get, http_post
 
 pytestmark = pytest.mark.slow
 
