@@ -7,7 +7,8 @@ text becomes OpenAI's `content`, `tool_calls` and `reasoning_content`, whole or 
 - "required" / a named function: the output is constrained by a grammar built from the
   tools' parameter schemas, so every call parses and matches its own schema. Named: the
   output is the call's arguments object. Required: a JSON list of {"name", "arguments"}
-  (one item when parallel_tool_calls is false), as vLLM does.
+  (one item when parallel_tool_calls is false), as vLLM does; that is the mistral format
+  after its marker, so the mistral parser reads it, streamed arguments in pieces included.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from services.common.frontend.tool_parsers import (
 from services.common.frontend.tool_parsers.tool_call import make_tool_call_id
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
+# A "required" output is a JSON list of calls: the mistral format after this marker.
+REQUIRED_CALLS_PARSER, REQUIRED_CALLS_MARKER = "mistral", "[TOOL_CALLS]"
 
 
 @dataclass(frozen=True)
@@ -46,8 +49,9 @@ class ToolPlan:
     mode: str                              # "none" | "auto" | "required" | "named"
     tools: dict[str, dict[str, Any]]       # function name -> its parameters schema
     parallel: bool
-    parser: ToolParser | None = None       # auto
+    parser: ToolParser | None = None       # auto and required
     function: str | None = None            # named
+    marker: str = ""                       # required: what the parser expects before calls
 
     @property
     def is_forced(self) -> bool:
@@ -70,16 +74,6 @@ class ToolPlan:
         return GrammarRequest(wire.GrammarSpec(kind=wire.GrammarKind.JSON_SCHEMA,
                                                spec=json.dumps(schema)), "tool_choice")
 
-    def forced_calls(self, text: str) -> list[ToolCall]:
-        """The calls in a forced output (the grammar made it parse)."""
-        if self.function is not None:
-            return [ToolCall(self.function, text.strip())]
-        try:
-            items = json.loads(text)
-        except json.JSONDecodeError:
-            return []      # cut short by max_tokens: no whole call to give
-        return [ToolCall(item["name"], json.dumps(item["arguments"], ensure_ascii=False))
-                for item in items]
 
 
 def plan_tools(body: ChatCompletionRequest, settings: FrontendSettings) -> ToolPlan | None:
@@ -104,6 +98,10 @@ def plan_tools(body: ChatCompletionRequest, settings: FrontendSettings) -> ToolP
                           '--enable-auto-tool-choice', param="tool_choice")
         return ToolPlan("auto", tools, body.parallel_tool_calls,
                         parser=get_tool_parser(settings.tool_call_parser))
+    if mode == "required":
+        return ToolPlan(mode, tools, body.parallel_tool_calls,
+                        parser=get_tool_parser(REQUIRED_CALLS_PARSER),
+                        marker=REQUIRED_CALLS_MARKER)
     return ToolPlan(mode, tools, body.parallel_tool_calls)
 
 
@@ -117,7 +115,6 @@ class ChatOutput:
             else None)
         self._reasoning_stream: ReasoningStream | None = None
         self._tool_stream: ToolCallStream | None = None
-        self._forced_text = ""      # a required call's JSON list, until it is whole
         self._num_calls = 0
 
     # ---- the whole message
@@ -129,11 +126,11 @@ class ChatOutput:
             message["reasoning_content"] = message["reasoning"] = split.reasoning
             message["content"] = text = split.content or ""
         calls: list[ToolCall] = []
-        if self.plan is not None and self.plan.is_forced:
-            calls = self.plan.forced_calls(text)
-            message["content"] = None if calls else text
+        if self.plan is not None and self.plan.function is not None:
+            calls = [ToolCall(self.plan.function, text.strip())]
+            message["content"] = None
         elif self.plan is not None and self.plan.parser is not None:
-            parsed = self.plan.parser.parse(text)
+            parsed = self.plan.parser.parse(self.plan.marker + text)
             if not self.plan.parallel:
                 parsed = keep_first_call(parsed)
             calls, message["content"] = parsed.tool_calls, parsed.content
@@ -182,16 +179,10 @@ class ChatOutput:
                 return []
             return [ToolCallDelta(0, text, id=make_tool_call_id(), name=self.plan.function).to_openai()
                     if first else ToolCallDelta(0, text).to_openai()]
-        if self.plan.mode == "required":        # a JSON list: calls once it is whole
-            self._forced_text += text
-            if not is_last:
-                return []
-            calls = self.plan.forced_calls(self._forced_text)
-            self._num_calls = len(calls)
-            return [{"index": i, **call.to_openai()} for i, call in enumerate(calls)]
         assert self.plan.parser is not None
         if self._tool_stream is None:
             self._tool_stream = self.plan.parser.stream()
+            text = self.plan.marker + text
         events = (self._tool_stream.finish(text) if is_last else self._tool_stream.feed(text))
         if not self.plan.parallel:
             events = drop_later_calls(events)
