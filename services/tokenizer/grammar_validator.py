@@ -26,6 +26,7 @@ class GrammarValidator:
         self._cache = GrammarCache(load_tokenizer_info, max_entries, COMPILE_THREADS,
                                    GrammarMetrics(registry))
         self.timeout_s = timeout_s
+        self._cache.warm()
 
     async def error_of(self, spec: wire.GrammarSpec) -> str | None:
         """Why `spec` cannot be enforced, or None when it compiled."""

@@ -41,6 +41,7 @@ class WorkerService(Service):
             self._executor, partial(ModelRunner, self._runner_config(files.hf_dir),
                                     GrammarMetrics(self.registry)))
         self.runner.kv_connector = self._kv_connector(self.runner)
+        self.runner.structured_outputs.warm()   # the first grammar must not wait for it
         self._served_name = self.settings.served_model_name or files.served_name
         bus = self.connected_bus
         await bus.serve(self.subjects.worker_step(self.settings.engine_id), wire.StepInput,

@@ -116,6 +116,9 @@ class StructuredOutputs:
         if not all(accepted):
             raise GrammarMismatch("a sampled token escaped its row's grammar mask")
 
+    def warm(self) -> None:
+        self._cache.warm()
+
     def close(self) -> None:
         self._cache.close()
 

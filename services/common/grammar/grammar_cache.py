@@ -55,6 +55,11 @@ class GrammarCache:
             (self._metrics.cache_hits if is_hit else self._metrics.compiles).inc()
         return future
 
+    def warm(self) -> None:
+        """Builds the compiler (xgrammar's tokenizer info: ~1 s) now, in the compile thread,
+        so the first request with a grammar does not wait for it."""
+        self._pool.submit(self._get_compiler)
+
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
