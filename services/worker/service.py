@@ -53,7 +53,8 @@ class WorkerService(Service):
     def _runner_config(self, model_dir: Path) -> RunnerConfig:
         s = self.settings
         return RunnerConfig(
-            model_dir=model_dir, use_gguf_blocks=s.use_gguf_blocks, dtype=s.dtype, kv_cache_dtype=s.kv_cache_dtype,
+            model_dir=model_dir, use_gguf_blocks=s.use_gguf_blocks, dtype=s.dtype,
+            kv_cache_dtype=s.kv_cache_dtype,
             block_size=s.block_size, max_model_len=s.max_model_len or None,
             kv_cache_memory=s.kv_cache_memory or None,
             kv_cache_memory_fraction=s.kv_cache_memory_fraction,

@@ -177,8 +177,9 @@ class ChatOutput:
             self._num_calls = 1
             if not text and not first:
                 return []
-            return [ToolCallDelta(0, text, id=make_tool_call_id(), name=self.plan.function).to_openai()
-                    if first else ToolCallDelta(0, text).to_openai()]
+            call = (ToolCallDelta(0, text, id=make_tool_call_id(), name=self.plan.function)
+                    if first else ToolCallDelta(0, text))
+            return [call.to_openai()]
         assert self.plan.parser is not None
         if self._tool_stream is None:
             self._tool_stream = self.plan.parser.stream()

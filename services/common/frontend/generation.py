@@ -192,7 +192,8 @@ class GenerationRun:
             continue_final_message=prompt.continue_final_message,
             add_special_tokens=prompt.add_special_tokens, chat_template=prompt.chat_template,
             chat_template_kwargs_json=prompt.chat_template_kwargs_json,
-            tools_json=prompt.tools_json, request_ids=child_ids + self._prefill_ids(prompt_index), detokenize=detokenize)
+            tools_json=prompt.tools_json, detokenize=detokenize,
+            request_ids=child_ids + self._prefill_ids(prompt_index))
         if prompt.chat is not None:
             request.chat = prompt.chat
         elif prompt.token_ids is not None:
