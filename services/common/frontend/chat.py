@@ -58,6 +58,7 @@ class ChatChoice(ChoiceState):
     output: ChatOutput | None = None
     logprobs: list[dict[str, Any]] = field(default_factory=list)
     prompt_rows: list[LogprobRow] = field(default_factory=list)
+    new_logprobs: list[dict[str, Any]] = field(default_factory=list)   # the last delta's
 
 
 class ChatCompletion(GenerationHandler[ChatCompletionRequest, ChatChoice]):
@@ -97,20 +98,17 @@ class ChatCompletion(GenerationHandler[ChatCompletionRequest, ChatChoice]):
             seed=body.seed, priority=body.priority, cache_salt=body.cache_salt or "",
             max_tokens_param=param, grammar=grammar)
 
-    def _logprobs_of(self, entries: list[wire.TokenLogprobs]) -> list[dict[str, Any]]:
-        if self.num_logprobs is None:
-            return []
-        _, output_rows = split_logprobs(entries)
-        return chat_logprob_entries(output_rows)
-
     def new_choice(self, index: int) -> ChatChoice:
         return ChatChoice(output=ChatOutput(self.tools, self.ctx.settings))
 
     def add(self, choice: ChatChoice, delta: TextDelta) -> None:
         choice.add(delta)
-        choice.logprobs.extend(self._logprobs_of(delta.logprobs))
+        # NOTE: split once per delta; the streamed chunk reuses new_logprobs.
+        prompt_rows, output_rows = split_logprobs(delta.logprobs)
+        choice.new_logprobs = (chat_logprob_entries(output_rows)
+                               if self.num_logprobs is not None else [])
+        choice.logprobs.extend(choice.new_logprobs)
         if self.body.prompt_logprobs is not None:
-            prompt_rows, _ = split_logprobs(delta.logprobs)
             choice.prompt_rows.extend(prompt_rows)
 
     def response_extras(self, choices: list[ChatChoice]) -> dict[str, Any]:
@@ -139,7 +137,7 @@ class ChatCompletion(GenerationHandler[ChatCompletionRequest, ChatChoice]):
     def chunk_choice(self, index: int, choice: ChatChoice,
                      delta: TextDelta) -> dict[str, Any] | None:
         assert choice.output is not None
-        entries = self._logprobs_of(delta.logprobs)
+        entries = choice.new_logprobs
         message = choice.output.delta(delta.text, is_last=delta.finish is not None)
         if not message and delta.finish is None and not entries:
             return None

@@ -238,13 +238,14 @@ class GenerationRun:
                     request_id=child_id, prompt_token_ids=prompt.token_ids,
                     sampling=sampling, priority=plan.priority,
                     cache_salt=plan.cache_salt, tokenizer_id=prompt.tokenizer_id,
-                    arrival_time=time.time(), deadline_s=self._deadline_left(plan)))
+                    arrival_time=time.time(), deadline_s=self._deadline_left()))
         return requests
 
-    def _deadline_left(self, plan: GenerationPlan) -> float:
-        if plan.deadline_s <= 0:
+    def _deadline_left(self) -> float:
+        """Seconds left of the request's deadline, as the engine takes it (0: none)."""
+        if self.deadline_at is None:
             return 0.0
-        return max(plan.deadline_s - (time.monotonic() - self.started_at), 1e-3)
+        return max(self.deadline_at - time.monotonic(), 1e-3)
 
     async def deltas(self) -> AsyncIterator[TextDelta]:
         """Every choice's deltas, in arrival order, until all have finished."""
