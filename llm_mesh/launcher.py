@@ -22,6 +22,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import structlog
@@ -62,6 +63,10 @@ class UpSettings:
                              "buckets instead of starting one "
                              "(redis://:password@host:port/0)", secret=True)
     startup_timeout_s: float = setting(600.0, "Longest to wait for the mesh to be ready")
+    services_nice: int = setting(
+        10, "Niceness of every service but the worker (0-19; 0: as the launcher). The "
+        "worker's threads then preempt the per-token work of the others, which would stall "
+        "its matrix products on the cores they share (docs/benchmarks.md section 10)")
 
 
 def up_parser() -> argparse.ArgumentParser:
@@ -104,6 +109,7 @@ class Child:
     argv: list[str]
     health_port: int
     env: dict[str, str] = field(default_factory=dict)   # secrets, as LLM_MESH_* variables
+    nice: int = 0                                        # added to the launcher's niceness
     process: subprocess.Popen | None = None
     restarts: list[float] = field(default_factory=list)
 
@@ -111,18 +117,21 @@ class Child:
         self.process = subprocess.Popen(
             [sys.executable, "-m", SERVICE_MODULES[self.name], *self.argv,
              "--health-port", str(self.health_port)], env={**os.environ, **self.env},
-            start_new_session=True, preexec_fn=_die_with_parent)
+            start_new_session=True, preexec_fn=partial(_prepare_child, self.nice))
 
     def exited(self) -> int | None:
         return None if self.process is None else self.process.poll()
 
 
-def _die_with_parent() -> None:
-    """Children get SIGTERM if the launcher itself is killed (Linux PR_SET_PDEATHSIG)."""
+def _prepare_child(nice: int) -> None:
+    """In the child before it runs: SIGTERM if the launcher itself is killed (Linux
+    PR_SET_PDEATHSIG), and its niceness."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
     except OSError:
         pass
+    if nice:
+        os.nice(nice)
 
 
 class Mesh:
@@ -169,10 +178,11 @@ class Mesh:
             env[env_name("nats_url")] = nats_url
             if "redis_url" in {f.name for f in dataclasses.fields(SERVICES[name])}:
                 env.update(redis_env)
-            child = Child(name, argv, free_port(), env)
+            child = Child(name, argv, free_port(), env,
+                          nice=0 if name == "worker" else self.up.services_nice)
             child.start()
             self.children.append(child)
-            log.info("started service", service=name, pid=child.process.pid,
+            log.info("started service", service=name, pid=child.process.pid, nice=child.nice,
                      health=f"http://127.0.0.1:{child.health_port}/ready")
 
     def _start_redis(self) -> dict[str, str]:
@@ -282,7 +292,10 @@ def _model_name(explicit: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str]) -> int:
-    explicit = vars(up_parser().parse_args(argv))
+    parser = up_parser()
+    explicit = vars(parser.parse_args(argv))
+    if not 0 <= explicit.get("services_nice", 0) <= 19:
+        parser.error("--services-nice must be 0-19 (a lower niceness needs privileges)")
     configure_logging("llm-mesh", "launcher", explicit.get("log_level", "info"),
                       explicit.get("log_format", "auto"))
     os.environ.setdefault("PYTHONUNBUFFERED", "1")

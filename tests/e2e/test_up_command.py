@@ -30,6 +30,13 @@ def children_of(pid: int) -> set[int]:
     return found
 
 
+def service_of(pid: int) -> str | None:
+    """The mesh service a process runs (`python -m services.<name>`), None for others."""
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    module = argv[argv.index(b"-m") + 1].decode() if b"-m" in argv else ""
+    return module.split(".")[1] if module.startswith("services.") else None
+
+
 def test_up_serves_then_stops_every_process(tmp_path: Path) -> None:
     port = free_port()
     log = open(tmp_path / "up.log", "wb")
@@ -46,6 +53,12 @@ def test_up_serves_then_stops_every_process(tmp_path: Path) -> None:
         children = children_of(launcher.pid)
         # nats-server, valkey-server and six services (with the batch runner and a kvstore)
         assert len(children) == 8
+        # The worker keeps the launcher's niceness; the other services yield it the cores.
+        own = os.getpriority(os.PRIO_PROCESS, launcher.pid)
+        nice = {service_of(pid): os.getpriority(os.PRIO_PROCESS, pid) - own
+                for pid in children if service_of(pid)}
+        assert nice == {"gateway": 10, "batch": 10, "tokenizer": 10, "scheduler": 10,
+                        "worker": 0, "kvstore": 10}
         status, body = http_post(f"http://127.0.0.1:{port}/v1/completions",
                                  {"model": "SmolLM2-135M-Instruct", "prompt": "Hello",
                                   "max_tokens": 4, "temperature": 0})
