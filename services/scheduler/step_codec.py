@@ -44,4 +44,5 @@ def decode_step_output(message: wire.StepOutput) -> RunnerOutput:
     return RunnerOutput(handles=unpack_int32(message.handles).tolist(),
                         sampled_token_ids=unpack_int32(message.sampled_token_ids).tolist(),
                         kv_connector_output=decode_kv_connector_output(message),
-                        rejected=rejected)
+                        rejected=rejected,
+                        deferred=set(unpack_int32(message.deferred_handles).tolist()))

@@ -96,12 +96,16 @@ class TokenizerService(Service):
 
     async def on_encode(self, request: wire.EncodeRequest) -> wire.EncodeReply:
         with request_log_context(",".join(request.request_ids)):
-            if request.grammar.kind != wire.GrammarKind.NONE:
-                assert self.grammars is not None
-                error = await self.grammars.error_of(request.grammar)
-                if error is not None:
-                    return wire.EncodeReply(grammar_error=error, tokenizer_id=self.instance_id)
-            return self._encode_reply(request)
+            if request.grammar.kind == wire.GrammarKind.NONE:
+                return self._encode_reply(request)
+            assert self.grammars is not None
+            error = await self.grammars.error_of(request.grammar)
+            if error is not None:
+                return wire.EncodeReply(grammar_error=error, tokenizer_id=self.instance_id)
+            assert self.codec is not None
+            reply = self._encode_reply(request)
+            reply.grammar = engine_grammar(request.grammar, self.codec)
+            return reply
 
     def _encode_reply(self, request: wire.EncodeRequest) -> wire.EncodeReply:
         assert self.codec is not None
@@ -278,6 +282,16 @@ class TokenizerService(Service):
                 del self.states[request_id]
             if expired:
                 self.log.warning("dropped detokenizer state of silent requests", count=len(expired))
+
+
+def engine_grammar(grammar: wire.GrammarSpec, codec: TextCodec) -> wire.GrammarSpec:
+    """The grammar as engines enforce it: its reasoning markers as this vocabulary's ids
+    (the worker finds a reasoning section by them)."""
+    markers = grammar.reasoning
+    if markers.end:
+        markers.start_token_ids = pack_int32(codec.encode(markers.start, False))
+        markers.end_token_ids = pack_int32(codec.encode(markers.end, False))
+    return grammar
 
 
 def trim_rows(columns: wire.LogprobColumns, rows: int) -> wire.LogprobColumns:

@@ -81,7 +81,7 @@ class InputBatch:
         if len(block_ids) > self.block_table.shape[1]:
             raise InputBatchError(f"request {new.request_id} has too many blocks")
         sampling = new.sampling or wire.SamplingParams()
-        grammar_start = self._grammar_start(sampling.grammar, new.num_prompt_tokens)
+        output_start = self._output_start(sampling.grammar, new.num_prompt_tokens)
         row = self._free_rows.pop()
         self.handle_to_row[new.handle] = row
         self.token_ids[row, :len(token_ids)] = token_ids
@@ -91,9 +91,9 @@ class InputBatch:
         self.block_table[row, :len(block_ids)] = block_ids
         self.num_blocks[row] = len(block_ids)
         self._set_sampling(row, sampling, has_outputs=len(token_ids) > new.num_prompt_tokens)
-        if grammar_start is not None:
+        if output_start is not None:
             assert self.structured_outputs is not None
-            self.structured_outputs.add_request(row, sampling.grammar, grammar_start)
+            self.structured_outputs.add_request(row, sampling.grammar, output_start)
 
     def remove_request(self, handle: int) -> None:
         row = self.handle_to_row.pop(handle, None)
@@ -128,14 +128,27 @@ class InputBatch:
         if len(num_computed_tokens):
             self.num_computed_tokens[rows] = num_computed_tokens
 
-    def append_sampled(self, rows: np.ndarray, token_ids: np.ndarray) -> None:
+    def append_sampled(self, rows: np.ndarray, token_ids: np.ndarray,
+                       deferred: list[int] | None = None) -> None:
+        """Appends each sampling row's token, but at `deferred` (indices into `rows`: rows
+        waiting for their grammar), whose last position is uncounted instead: the scheduler
+        schedules it again, and the step that recomputes it samples again."""
+        if deferred:
+            waiting = rows[deferred]
+            self.num_computed_tokens[waiting] -= 1
+            # NOTE: a row that sampled has computed its whole prompt, so its prompt logprobs
+            # are sent; recomputing the prompt's last position must not send them again.
+            self.num_prompt_logprobs[waiting] = NO_LOGPROBS
+            keep = np.ones(len(rows), dtype=bool)
+            keep[deferred] = False
+            rows, token_ids = rows[keep], token_ids[keep]
         self.token_ids[rows, self.num_tokens[rows]] = token_ids
         self.num_tokens[rows] += 1
         if self.structured_outputs is not None:
             self.structured_outputs.accept_tokens(rows, token_ids)
 
-    def _grammar_start(self, grammar: wire.GrammarSpec, num_prompt_tokens: int) -> int | None:
-        """Where a constrained request's grammar starts in its tokens (None: unconstrained):
+    def _output_start(self, grammar: wire.GrammarSpec, num_prompt_tokens: int) -> int | None:
+        """Where a constrained request's output starts in its tokens (None: unconstrained):
         after the prompt, less the outputs a moved request brings in its prompt."""
         if grammar.kind == wire.GrammarKind.NONE:
             return None

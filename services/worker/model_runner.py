@@ -129,10 +129,11 @@ class ModelRunner:
         sampler_output = self.sampler(logits[:num_samples], metadata)
         sampled = sampler_output.sampled_token_ids.cpu().numpy().astype(np.int32)
         self.input_batch.num_computed_tokens[batch.rows] = batch.seq_lens
-        self.input_batch.append_sampled(sample_rows, sampled)
+        self.input_batch.append_sampled(sample_rows, sampled, metadata.deferred_rows)
         out = build_step_output(step.step, batch, sampled, sampler_output,
                                 metadata.logprob_rows, logits[num_samples:],
-                                metadata.unreported_rows, metadata.rejections)
+                                metadata.unreported_rows, metadata.rejections,
+                                metadata.deferred_rows)
         if connector is not None:
             connector.after_forward(step)
             connector.finish_step(out, is_idle=False)

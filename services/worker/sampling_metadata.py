@@ -47,8 +47,15 @@ class SamplingMetadata:
 
     @property
     def unreported_rows(self) -> list[int]:
-        """Rows whose grammar cannot go on: their token is not reported."""
-        return self.grammar_bitmask.failed if self.grammar_bitmask is not None else []
+        """Rows whose grammar cannot go on, or is still compiling: their token is not
+        reported."""
+        mask = self.grammar_bitmask
+        return mask.failed + mask.deferred if mask is not None else []
+
+    @property
+    def deferred_rows(self) -> list[int]:
+        """Rows whose grammar is still compiling: they sample again next step."""
+        return self.grammar_bitmask.deferred if self.grammar_bitmask is not None else []
 
     @property
     def rejections(self) -> dict[int, str]:
@@ -89,6 +96,9 @@ def build_sampling_metadata(batch: InputBatch, rows: np.ndarray, vocab_size: int
     if batch.structured_outputs is not None:
         md.grammar_bitmask = batch.structured_outputs.fill_bitmask(rows, batch.token_ids,
                                                                    batch.num_tokens)
+        for i in md.deferred_rows:
+            # NOTE: a seeded row samples again next step: its own generator must not move.
+            md.generators.pop(i, None)
     num_logprobs = batch.num_logprobs[rows]
     wants = np.flatnonzero(num_logprobs != NO_LOGPROBS)
     if len(wants):

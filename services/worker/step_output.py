@@ -15,16 +15,21 @@ def build_step_output(step: int, batch: StepBatch, sampled: np.ndarray,
                       sampler_output: SamplerOutput, logprob_rows: torch.Tensor | None,
                       prompt_logits: torch.Tensor | None,
                       unreported: list[int],
-                      rejections: dict[int, str] | None = None) -> wire.StepOutput:
+                      rejections: dict[int, str] | None = None,
+                      deferred: list[int] | None = None) -> wire.StepOutput:
     """sampled: int32 token per sampling request; prompt_logits: fp32 rows of the prompt
     logprob chunks, in chunk order (None when no request asked for prompt logprobs);
-    unreported: sampling rows whose token is left out (the scheduler fails their request);
-    rejections: of those, the rows ended for their own input, and why (a 400 for the client)."""
+    unreported: sampling rows whose token is left out (the scheduler fails their request,
+    unless it is deferred); rejections: of those, the rows ended for their own input, and
+    why (a 400 for the client); deferred: of those, the rows waiting for their grammar (the
+    scheduler schedules their last position again)."""
     sampling_handles = batch.handles[batch.sampling_index]
     reported = np.ones(len(sampled), dtype=bool)
     reported[unreported] = False
     out = wire.StepOutput(step=step, handles=pack_int32(sampling_handles[reported]),
                           sampled_token_ids=pack_int32(sampled[reported]))
+    if deferred:
+        out.deferred_handles = pack_int32(sampling_handles[deferred])
     if rejections:
         out.rejected_handles = pack_int32(sampling_handles[list(rejections)])
         out.rejected_reasons = pack_strings(list(rejections.values()))

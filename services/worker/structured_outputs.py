@@ -2,10 +2,16 @@
 batch, and one token bitmask over each step's sampling rows.
 
 - A row's grammar starts compiling (GrammarCache: a background thread, cached) when the row
-  is added, so its prefill runs meanwhile; its first sampling waits for it.
-- The matcher is built at that first sampling and fed the row's output tokens so far, so a
-  request resumed after preemption, or moved here from another engine (its earlier output
-  arrives as the tail of its prompt: GrammarSpec.num_resumed_tokens), continues where it was.
+  is added, so its prefill runs meanwhile. A row that reaches a sampling step before its
+  compile is done is *deferred*, never waited for (vLLM's WAITING_FOR_FSM): it samples
+  nothing this step, and the worker reports it so the scheduler recomputes its last
+  position next step. The other rows' step goes on. A compile that failed fails its request.
+- The matcher is built at the row's first constrained sampling and fed the row's output
+  tokens so far, so a request resumed after preemption, or moved here from another engine
+  (its earlier output arrives as the tail of its prompt: GrammarSpec.num_resumed_tokens),
+  continues where it was.
+- With reasoning markers (GrammarSpec.reasoning), the row samples unmasked until its output
+  closes the reasoning section, and the grammar starts after it (reasoning_gate.py).
 - Each step one xgrammar call fills the bitmask rows of the constrained sampling rows; the
   sampler applies them once over the batch, before logprobs (vLLM's order). Then each matcher
   accepts its row's token. The grammar allows EOS only where it may end; a matcher that took
@@ -18,7 +24,9 @@ batch, and one token bitmask over each step's sampling rows.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
+from concurrent import futures
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,8 +40,18 @@ from transformers import AutoTokenizer
 from services.common import wire
 from services.common.grammar.grammar_cache import GrammarCache, tokenizer_info
 from services.common.metrics import GrammarMetrics
+from services.worker.reasoning_gate import ReasoningGate
 
 log = structlog.get_logger(__name__)
+
+
+class _Status(enum.Enum):
+    """A constrained row at a sampling step."""
+    LIVE = enum.auto()        # the grammar masks it
+    UNDECIDED = enum.auto()   # the grammar, or the start of a reasoning section
+    FREE = enum.auto()        # reasoning: unmasked
+    DEFERRED = enum.auto()    # its grammar is still compiling
+    FAILED = enum.auto()      # its grammar cannot go on
 
 
 class GrammarMismatch(RuntimeError):
@@ -46,18 +64,22 @@ class GrammarBitmask:
     sampling row, the grammar's at `indices` (ascending), all ones elsewhere. The rows at
     `failed` hold a grammar that cannot go on (it did not compile here, or allows no token
     now): they sample unmasked, and the worker reports no token for them, which the
-    scheduler turns into an error for that request alone."""
+    scheduler turns into an error for that request alone. The rows at `deferred` wait for
+    their compile: they sample unmasked, and their token is dropped."""
     bitmask: torch.Tensor       # int32 [num sampling rows, ceil(vocab / 32)], CPU
     indices: list[int]
     failed: list[int]
     rejections: dict[int, str] = field(default_factory=dict)  # of `failed`: the grammar's fault
+    deferred: list[int] = field(default_factory=list)
 
 
 @dataclass
 class _GrammarRow:
     compiled: Future[xgr.CompiledGrammar]
     grammar_start: int          # index in the row's tokens of the first one the grammar matches
-    matcher: xgr.GrammarMatcher | None = None
+    gate: ReasoningGate | None = None   # moves grammar_start past a reasoning section
+    matcher: xgr.GrammarMatcher | None = None   # built when first needed; none while undecided
+    also_allowed: int | None = None   # undecided: the reasoning start marker's next token
     failure: str | None = None  # why the grammar cannot go on
     is_dead_end: bool = False   # the grammar itself allows no token: the request's fault
 
@@ -72,8 +94,12 @@ class StructuredOutputs:
         self._bitmask = xgr.allocate_token_bitmask(max_num_reqs, vocab_size)
         self._filler = xgr.BatchGrammarMatcher()
 
-    def add_request(self, row: int, spec: wire.GrammarSpec, grammar_start: int) -> None:
-        self._rows[row] = _GrammarRow(self._cache.get(spec), grammar_start)
+    def add_request(self, row: int, spec: wire.GrammarSpec, output_start: int) -> None:
+        """`output_start`: the index of the row's first output token (a moved request's
+        earlier outputs are the end of its prompt)."""
+        gate = (ReasoningGate(spec.reasoning, output_start)
+                if spec.reasoning.end_token_ids else None)
+        self._rows[row] = _GrammarRow(self._cache.get(spec), output_start, gate)
 
     def remove_request(self, row: int) -> None:
         self._rows.pop(row, None)
@@ -87,8 +113,19 @@ class StructuredOutputs:
         constrained = np.flatnonzero(np.isin(rows, np.fromiter(self._rows, np.int64))).tolist()
         if not constrained:
             return None
-        live = [i for i in constrained if self._has_matcher(int(rows[i]), token_ids, num_tokens)]
         self._bitmask[:len(rows)] = -1   # every token allowed, but where a grammar says
+        mask = GrammarBitmask(self._bitmask[:len(rows)], [], [])
+        live, undecided = [], []
+        for i in constrained:
+            row = int(rows[i])
+            status = self._prepare(row, token_ids[row, :num_tokens[row]])
+            if status is _Status.LIVE:
+                live.append(i)
+            elif status is _Status.UNDECIDED:
+                undecided.append(i)
+                self._fill_undecided(row, i, token_ids[row, :num_tokens[row]])
+            elif status is _Status.DEFERRED:
+                mask.deferred.append(i)
         if live:
             self._filler.batch_fill_next_token_bitmask(
                 [self._rows[int(rows[i])].matcher for i in live], self._bitmask, live)
@@ -97,18 +134,19 @@ class StructuredOutputs:
                 self._bitmask[i] = -1   # sampled unmasked, not reported
                 self._fail(int(rows[i]), "its grammar allows no token here: no output can "
                                          "complete it", is_dead_end=True)
-        failed = [i for i in constrained if self._rows[int(rows[i])].failure is not None]
-        rejections = {i: state.failure for i in failed
-                      if (state := self._rows[int(rows[i])]).is_dead_end and state.failure}
-        return GrammarBitmask(self._bitmask[:len(rows)],
-                              [i for i in constrained if i not in failed], failed, rejections)
+        mask.failed = [i for i in constrained if self._rows[int(rows[i])].failure is not None]
+        mask.rejections = {i: state.failure for i in mask.failed
+                           if (state := self._rows[int(rows[i])]).is_dead_end and state.failure}
+        mask.indices = sorted(i for i in live + undecided if i not in mask.failed)
+        return mask
 
     def accept_tokens(self, rows: np.ndarray, token_ids: np.ndarray) -> None:
         """Advances the matchers of the constrained `rows` by their sampled tokens."""
         if not self._rows:
             return
         pairs = [(state.matcher, token) for row, token in zip(rows.tolist(), token_ids.tolist())
-                 if (state := self._rows.get(row)) is not None and state.failure is None]
+                 if (state := self._rows.get(row)) is not None and state.failure is None
+                 and state.matcher is not None]
         if not pairs:
             return
         accepted = xgr.BatchGrammarMatcher.batch_accept_token([m for m, _ in pairs],
@@ -116,34 +154,75 @@ class StructuredOutputs:
         if not all(accepted):
             raise GrammarMismatch("a sampled token escaped its row's grammar mask")
 
+    def wait_compiled(self, timeout_s: float | None = None) -> None:
+        """Until every row's grammar has compiled (or failed). For benchmarks and tests: a
+        step never waits, it defers the rows still compiling."""
+        futures.wait([state.compiled for state in self._rows.values()], timeout_s)
+
     def warm(self) -> None:
         self._cache.warm()
 
     def close(self) -> None:
         self._cache.close()
 
-    def _has_matcher(self, row: int, token_ids: np.ndarray, num_tokens: np.ndarray) -> bool:
-        """Builds the row's matcher at its first sampling (waiting for its compile), fed the
-        outputs it already has; False when the grammar cannot go on."""
+    def _prepare(self, row: int, tokens: np.ndarray) -> _Status:
+        """What the row's grammar does at this sampling step (`tokens`: the row's so far).
+        Builds the matcher at the row's first constrained sampling, fed its outputs so far."""
         state = self._rows[row]
-        if state.matcher is None and state.failure is None:
-            try:
-                matcher = xgr.GrammarMatcher(state.compiled.result())
-            except Exception as exc:  # noqa: BLE001 - one grammar must not fail the step
-                self._fail(row, f"its grammar did not compile on the worker: {exc}")
-                return False
-            for token in token_ids[row, state.grammar_start:num_tokens[row]].tolist():
-                if not matcher.accept_token(token):
-                    self._fail(row, f"its earlier output token {token} breaks its grammar")
-                    return False
-            state.matcher = matcher
-        return state.failure is None
+        if state.failure is not None:
+            return _Status.FAILED
+        if state.gate is not None:
+            start = state.gate.grammar_start(tokens)
+            if start.index is None:
+                return _Status.FREE
+            if start.index != state.grammar_start:
+                state.grammar_start, state.matcher = start.index, None
+            state.also_allowed = start.also_allowed
+        if state.matcher is not None:
+            return _Status.LIVE   # the usual step: nothing else to look at
+        if not state.compiled.done():
+            return _Status.DEFERRED
+        try:
+            compiled = state.compiled.result()
+        except Exception as exc:  # noqa: BLE001 - one grammar must not fail the step
+            self._fail(row, f"its grammar did not compile on the worker: {exc}")
+            return _Status.FAILED
+        if state.also_allowed is not None:
+            return _Status.UNDECIDED
+        state.matcher = _replayed(compiled, tokens[state.grammar_start:])
+        if state.matcher is None:
+            self._fail(row, "its earlier output breaks its grammar")
+            return _Status.FAILED
+        return _Status.LIVE
+
+    def _fill_undecided(self, row: int, index: int, tokens: np.ndarray) -> None:
+        """The mask of a row whose output may still open a reasoning section: the grammar's
+        tokens (while its output so far is in the grammar), and the start marker's next.
+        NOTE: the matcher is replayed each such step (a marker is a token or a few), so
+        accepting a token never has to undo one."""
+        state = self._rows[row]
+        assert state.also_allowed is not None
+        matcher = _replayed(state.compiled.result(), tokens[state.grammar_start:])
+        if matcher is not None:
+            matcher.fill_next_token_bitmask(self._bitmask, index)
+        else:
+            self._bitmask[index] = 0
+        words = self._bitmask[index].numpy().view(np.uint32)
+        words[state.also_allowed // 32] |= np.uint32(1 << (state.also_allowed % 32))
 
     def _fail(self, row: int, reason: str, is_dead_end: bool = False) -> None:
         self._rows[row].failure = reason
         self._rows[row].is_dead_end = is_dead_end
         log.warning("a constrained request cannot go on; it ends with an error", row=row,
                     reason=reason)
+
+
+def _replayed(compiled: xgr.CompiledGrammar, tokens: np.ndarray) -> xgr.GrammarMatcher | None:
+    """A matcher that accepted `tokens`; None when the grammar does not take them."""
+    matcher = xgr.GrammarMatcher(compiled)
+    if all(matcher.accept_token(token) for token in tokens.tolist()):
+        return matcher
+    return None
 
 
 def apply_bitmask(logits: torch.Tensor, mask: GrammarBitmask) -> None:

@@ -1,6 +1,7 @@
 """Structured outputs on the real mesh, through the official openai client: every constraint
-spelling, chat and completions, streaming, n > 1, bad grammars as 400s, the tokenizer's
-compile cache, and a batch line."""
+spelling (a structural tag in response_format too), chat and completions, streaming, n > 1,
+bad grammars as 400s, the tokenizer's compile cache, a gateway with a reasoning parser, and a
+batch line."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ import jsonschema
 import openai
 import pytest
 
+from llm_mesh.embedded import free_port
 from tests.batch.polling import finished, wait_for
-from tests.mesh import Mesh, metric_value
+from tests.faults.streams import poll
+from tests.mesh import Mesh, http_get, metric_value
 
 pytestmark = pytest.mark.slow
 
@@ -113,6 +116,8 @@ def test_n_samples_seeds_and_logprobs_all_obey(client: openai.OpenAI, model_name
      "only one"),
     ({"guided_whitespace_pattern": " *", "guided_json": {"type": "object"}},
      "guided_whitespace_pattern", "not supported"),
+    ({"structured_outputs": {"grammar": 'start: "yes" | "no"'}}, "structured_outputs.grammar",
+     "Lark grammars are not accepted"),
 ])
 def test_bad_constraints_are_400s_naming_the_field(client: openai.OpenAI, model_name: str,
                                                    extra: dict[str, Any], param: str,
@@ -133,6 +138,40 @@ def test_a_grammar_the_vocabulary_cannot_finish_is_a_400_not_an_engine_error(
         chat(client, model_name, "Hi", max_tokens=8, extra_body={"guided_regex": "NY\x14x"})
     assert "allows no token" in refused.value.body["message"]
     assert chat(client, model_name, "Hi", max_tokens=2).choices[0].finish_reason == "length"
+
+
+def test_a_structural_tag_response_format(client: openai.OpenAI, model_name: str) -> None:
+    """vLLM's spelling, xgrammar's format: here one tag holding a JSON object."""
+    tag = {"type": "tag", "begin": "<person>", "end": "</person>",
+           "content": {"type": "json_schema", "json_schema": PERSON}}
+    out = chat(client, model_name, PERSON_PROMPT, temperature=0, max_tokens=100,
+               response_format={"type": "structural_tag", "format": tag})
+    assert out.choices[0].finish_reason == "stop"
+    inside = re.fullmatch(r"<person>(.*)</person>", out.choices[0].message.content, re.DOTALL)
+    assert inside is not None
+    jsonschema.validate(json.loads(inside.group(1)), PERSON)
+
+
+def test_with_a_reasoning_parser_the_answer_validates(mesh: Mesh, model_name: str) -> None:
+    """A gateway with --reasoning-parser qwen3 asks the worker to constrain only after a
+    reasoning section; this model opens its output without <think>, so its whole output is
+    the answer, constrained from its first token."""
+    port = free_port()
+    mesh.add_service("gateway-reasoning", ["--port", str(port), "--reasoning-parser", "qwen3"],
+                     kind="gateway")
+    try:
+        poll(lambda: http_get(f"http://127.0.0.1:{port}/health")[0] == 200, 60,
+             "the reasoning gateway to see the mesh")
+        with openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused",
+                           max_retries=0, timeout=120) as client:
+            out = chat(client, model_name, PERSON_PROMPT, response_format=PERSON_FORMAT,
+                       temperature=0, max_tokens=80)
+        message = out.choices[0].message
+        assert out.choices[0].finish_reason == "stop"
+        assert getattr(message, "reasoning_content", None) is None
+        jsonschema.validate(json.loads(message.content), PERSON)
+    finally:
+        assert mesh.remove_service("gateway-reasoning") in (0, -15), mesh.logs()
 
 
 def tokenizer_counts(mesh: Mesh) -> tuple[float, float]:

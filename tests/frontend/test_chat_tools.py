@@ -96,6 +96,33 @@ def test_reasoning_is_split_before_tool_calls_are_parsed() -> None:
     assert (content, reasoning, len(calls)) == ("Let me check.", "The user wants weather.", 2)
 
 
+@pytest.mark.parametrize("choice", [{"type": "function", "function": {"name": "get_weather"}},
+                                    "required"], ids=["named", "required"])
+def test_a_forced_call_is_the_answer_after_the_reasoning(choice: object) -> None:
+    """The grammar applies after </think> (the worker's side), so the call is parsed from
+    the answer alone; streamed, the call opens with its first arguments, not while the
+    model reasons."""
+    settings = FrontendSettings(reasoning_parser="deepseek_r1")
+    plan = plan_tools(body(tool_choice=choice), settings)
+    assert plan is not None
+    answer = ('{"city": "Paris"}' if plan.function is not None
+              else '[{"name": "get_weather", "arguments": {"city": "Paris"}}]')
+    text = "Weather means get_weather.</think>\n\n" + answer
+    message = ChatOutput(plan, settings).message(text)
+    assert message["reasoning_content"] == "Weather means get_weather."
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+            for c in message["tool_calls"]] == [("get_weather", {"city": "Paris"})]
+    if plan.function is not None:
+        output = ChatOutput(plan, settings)
+        first_call = next(delta["tool_calls"][0] for piece in text
+                          if "tool_calls" in (delta := output.delta(piece, is_last=False)))
+        assert first_call["function"] == {"name": "get_weather", "arguments": "{"}
+    content, reasoning, calls = streamed(ChatOutput(plan, settings), list(text))
+    assert (content, reasoning) == ("", "Weather means get_weather.")
+    assert [(name, json.loads(arguments)) for name, arguments in calls.values()] == [
+        ("get_weather", {"city": "Paris"})]
+
+
 def test_tool_choice_none_leaves_text_alone() -> None:
     plan = plan_tools(body(tool_choice="none"), FrontendSettings())
     assert ChatOutput(plan, FrontendSettings()).message(AUTO_TEXT)["content"] == AUTO_TEXT

@@ -1,12 +1,28 @@
-"""Reasoning sections split from the answer, whole and streamed."""
+"""Reasoning sections split from the answer, whole and streamed; a constrained chat request
+names the section's markers, so its grammar applies after it."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
+from services.common.frontend.chat import ChatCompletion
+from services.common.frontend.context import FrontendContext
+from services.common.frontend.generation import GenerationPlan
+from services.common.frontend.mesh_view import MeshView
+from services.common.frontend.protocol import ChatCompletionRequest
 from services.common.frontend.reasoning import ReasoningDelta, get_reasoning_parser
+from services.common.frontend.settings import FrontendSettings
+from services.common.metrics import GatewayMetrics
+from services.common.model_files import resolve_model
+from services.common.packing import unpack_int32
+from services.tokenizer.service import engine_grammar
+from services.tokenizer.text_codec import TextCodec
 
 CASES = [
     # (parser, model output, reasoning, content)
@@ -61,3 +77,49 @@ def test_a_partial_end_marker_is_held_back_until_it_resolves() -> None:
 def test_an_unknown_parser_is_named() -> None:
     with pytest.raises(ValueError, match="deepseek_r1, qwen3"):
         get_reasoning_parser("nope")
+
+
+# ---- a constraint applies after the reasoning section -----------------------------------
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]
+CONSTRAINED = {
+    "response_format": {"response_format": {"type": "json_schema",
+                                            "json_schema": {"name": "w", "schema": WEATHER}}},
+    "named tool": {"tools": TOOLS, "tool_choice": {"type": "function",
+                                                   "function": {"name": "get_weather"}}},
+    "required tool": {"tools": TOOLS, "tool_choice": "required"},
+}
+
+
+def chat_plan(reasoning_parser: str, **fields: Any) -> GenerationPlan:
+    ctx = FrontendContext(FrontendSettings(reasoning_parser=reasoning_parser),
+                          SimpleNamespace(gateway_id="g"),  # type: ignore[arg-type]
+                          MeshView(60.0), GatewayMetrics(CollectorRegistry()))
+    body = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields})
+    return ChatCompletion(body, ctx).plan()
+
+
+@pytest.mark.parametrize("fields", list(CONSTRAINED.values()), ids=list(CONSTRAINED))
+@pytest.mark.parametrize(("parser", "opens_in_prompt"), [("deepseek_r1", True),
+                                                         ("qwen3", False)])
+def test_a_constrained_chat_carries_the_reasoning_markers(fields: dict[str, Any], parser: str,
+                                                          opens_in_prompt: bool) -> None:
+    plan = chat_plan(parser, **fields)
+    assert plan.grammar is not None
+    markers = plan.grammar.spec.reasoning
+    assert (markers.start, markers.end, markers.opens_in_prompt) == (
+        "<think>", "</think>", opens_in_prompt)
+    unmarked = chat_plan("", **fields).grammar
+    assert unmarked is not None and not unmarked.spec.reasoning.end   # from the first token
+
+
+def test_the_tokenizer_gives_the_markers_as_its_token_ids() -> None:
+    codec = TextCodec(resolve_model("").hf_dir)
+    grammar = chat_plan("qwen3", **CONSTRAINED["response_format"]).grammar
+    assert grammar is not None
+    markers = engine_grammar(grammar.spec, codec).reasoning
+    assert unpack_int32(markers.start_token_ids).tolist() == codec.encode("<think>", False)
+    assert unpack_int32(markers.end_token_ids).tolist() == codec.encode("</think>", False)
+    assert len(markers.end_token_ids) == 3 * 4   # "</" "think" ">" in this vocabulary

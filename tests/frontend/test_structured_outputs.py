@@ -7,15 +7,29 @@ import json
 from typing import Any
 
 import pytest
+import xgrammar as xgr
 from pydantic import ValidationError
+from transformers import AutoTokenizer
 
 from services.common import wire
 from services.common.frontend.errors import ApiError
 from services.common.frontend.protocol import ChatCompletionRequest, CompletionRequest
 from services.common.frontend.structured_outputs import JSON_OBJECT_SCHEMA, grammar_request
+from services.common.grammar.grammar_cache import GrammarCache, tokenizer_info
+from services.common.model_files import resolve_model
 
 Kind = wire.GrammarKind
 SCHEMA = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}}
+# A structural tag, both of vLLM's spellings: xgrammar's format, and structures + triggers.
+TAG_FORMAT = {"type": "triggered_tags", "triggers": ["<f>"], "tags": [
+    {"type": "tag", "begin": "<f>", "content": {"type": "json_schema", "json_schema": SCHEMA},
+     "end": "</f>"}]}
+TAG_STRUCTURES = [{"begin": "<f>", "schema": SCHEMA, "end": "</f>"}]
+
+
+@pytest.fixture(scope="module")
+def embedded_tokenizer_info() -> xgr.TokenizerInfo:
+    return tokenizer_info(AutoTokenizer.from_pretrained(resolve_model("").hf_dir))
 
 
 def chat(**fields: Any) -> ChatCompletionRequest:
@@ -45,6 +59,11 @@ def chat(**fields: Any) -> ChatCompletionRequest:
     ({"guided_regex": "b+"}, "guided_regex", Kind.REGEX, "b+"),
     ({"guided_choice": ["x"]}, "guided_choice", Kind.EBNF, 'root ::= "x"'),
     ({"guided_grammar": 'root ::= "y"'}, "guided_grammar", Kind.EBNF, 'root ::= "y"'),
+    ({"response_format": {"type": "structural_tag", "format": TAG_FORMAT}}, "response_format",
+     Kind.STRUCTURAL_TAG, json.dumps({"type": "structural_tag", "format": TAG_FORMAT})),
+    ({"response_format": {"type": "structural_tag", "structures": TAG_STRUCTURES,
+                          "triggers": ["<f>"]}}, "response_format", Kind.STRUCTURAL_TAG,
+     json.dumps({"structures": TAG_STRUCTURES, "triggers": ["<f>"]})),
 ])
 def test_every_spelling_becomes_one_spec(fields: dict[str, Any], param: str,
                                          kind: wire.GrammarKind, spec: str) -> None:
@@ -80,6 +99,12 @@ def test_compact_json_only_where_asked() -> None:
      "structured_outputs.whitespace_pattern"),
     ({"guided_regex": "a", "ignore_eos": True}, "ignore_eos"),
     ({"guided_regex": "a", "min_tokens": 3}, "min_tokens"),
+    ({"response_format": {"type": "structural_tag"}}, "response_format"),
+    ({"response_format": {"type": "structural_tag", "structures": TAG_STRUCTURES}},
+     "response_format"),
+    ({"response_format": {"type": "structural_tag", "format": TAG_FORMAT,
+                          "structures": TAG_STRUCTURES, "triggers": ["<f>"]}},
+     "response_format"),
 ])
 def test_what_no_grammar_can_give_is_a_400(fields: dict[str, Any], param: str) -> None:
     with pytest.raises(ApiError) as refused:
@@ -95,3 +120,34 @@ def test_unknown_options_and_formats_are_refused_but_vllm_no_ops_pass() -> None:
     grammar = grammar_request(chat(structured_outputs={
         "regex": "a", "disable_fallback": True, "disable_additional_properties": True}))
     assert grammar is not None and grammar.spec.spec == "a"
+
+
+@pytest.mark.parametrize("param", ["structured_outputs.grammar", "guided_grammar"])
+def test_a_lark_grammar_is_a_400_that_says_so(param: str) -> None:
+    lark = '?start: answer\nanswer: "yes" | "no"'
+    fields = ({"structured_outputs": {"grammar": lark}} if param != "guided_grammar"
+              else {"guided_grammar": lark})
+    with pytest.raises(ApiError) as refused:
+        grammar_request(chat(**fields))
+    assert (refused.value.status, refused.value.param) == (400, param)
+    assert "Lark" in refused.value.message and "root ::=" in refused.value.message
+
+
+@pytest.mark.parametrize("response_format", [
+    {"type": "structural_tag", "format": TAG_FORMAT},
+    {"type": "structural_tag", "structures": TAG_STRUCTURES, "triggers": ["<f>"]},
+], ids=["format", "structures"])
+def test_a_structural_tag_response_format_is_enforced(response_format: dict[str, Any],
+                                                      embedded_tokenizer_info: object) -> None:
+    """Compiled as the tokenizer and the worker do (real xgrammar, the embedded vocabulary):
+    free text until the trigger, then the tag's schema inside it."""
+    grammar = grammar_request(chat(response_format=response_format))
+    assert grammar is not None
+    cache = GrammarCache(lambda: embedded_tokenizer_info, 2)
+    try:
+        compiled = cache.get(grammar.spec).result()
+    finally:
+        cache.close()
+    accepts = xgr.GrammarMatcher(compiled).accept_string
+    assert accepts('I will call it. <f>{"b": 1, "a": "x"}</f>')
+    assert not xgr.GrammarMatcher(compiled).accept_string('<f>{"b": "one"}</f>')

@@ -55,6 +55,9 @@ class FakeWorker:
     block_size: int
     model: NextToken = next_token
     rows: dict[int, _Row] = field(default_factory=dict)
+    num_deferrals: dict[int, int] = field(default_factory=dict)
+    """Handle -> how many sampling steps it is deferred (its grammar still compiling): no
+    token, and its last position uncounted, as the worker does."""
 
     def __post_init__(self) -> None:
         self.kv: list[list[int | None]] = [[None] * self.block_size
@@ -84,10 +87,15 @@ class FakeWorker:
                 self.kv[row.block_ids[pos // self.block_size]][pos % self.block_size] = \
                     row.token_ids[pos]
             row.num_computed_tokens += num_tokens
-        handles, sampled = [], []
+        handles, sampled, deferred = [], [], set()
         for handle, _ in scheduled:
             row = self.rows[handle]
             if row.num_computed_tokens < len(row.token_ids):
+                continue
+            if self.num_deferrals.get(handle, 0) > 0:
+                self.num_deferrals[handle] -= 1
+                row.num_computed_tokens -= 1
+                deferred.add(handle)
                 continue
             context = [self.kv[row.block_ids[p // self.block_size]][p % self.block_size]
                        for p in range(row.num_computed_tokens)]
@@ -96,7 +104,7 @@ class FakeWorker:
             row.token_ids.append(token)
             handles.append(handle)
             sampled.append(token)
-        return RunnerOutput(handles, sampled)
+        return RunnerOutput(handles, sampled, deferred=deferred)
 
 
 @dataclass

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from services.common import wire
+from services.common.packing import pack_int32
 from services.scheduler.core import (AdmissionRejected, FinishReason, RequestStatus,
                                      RequestTooLong, RunnerOutput)
+from services.scheduler.step_codec import decode_step_output
 from tests.scheduler.fakes import (FakeWorker, ManualClock, Run, make_request, make_scheduler,
                                    reference_output, run_until_done, step)
 
@@ -177,6 +180,41 @@ def test_fcfs_waiting_request_never_preempts() -> None:
     run_until_done(scheduler, worker, run)
     assert scheduler.num_preemptions == 0
     assert list(run.finished) == ["first", "second"]
+
+
+# ---- a grammar still compiling on the worker (deferred) --------------------------------
+
+@pytest.mark.parametrize("enable_prefix_caching", [True, False])
+def test_a_deferred_request_recomputes_its_last_position_while_others_run(
+        enable_prefix_caching: bool) -> None:
+    """The worker defers the constrained request's first sampling three times: each time the
+    scheduler rolls it back one position, so the next step recomputes that one position (the
+    fake worker checks the KV it reads and that both sides count alike); the other request
+    gets a token every step, and both end as without the wait."""
+    scheduler, worker = make_scheduler(enable_prefix_caching=enable_prefix_caching)
+    requests = {"constrained": (prompt(8), 4), "free": (prompt(6, seed=1), 4)}  # 8: two blocks
+    for request_id, (tokens, max_tokens) in requests.items():
+        scheduler.add_request(make_request(request_id, tokens, max_tokens))
+    constrained = scheduler.get_request("constrained")
+    assert constrained is not None and constrained.handle is not None
+    worker.num_deferrals[constrained.handle] = 3
+    run = Run()
+    step(scheduler, worker, run)   # both prefill; no token for the constrained one
+    for num_steps in (2, 3, 4):
+        assert constrained.num_computed_tokens == 7 and not constrained.output_token_ids
+        out = step(scheduler, worker, run)
+        assert out.num_scheduled_tokens_by_id["constrained"] == 1
+        assert len(run.outputs["free"]) == num_steps
+    assert run.outputs["constrained"] == reference_output(prompt(8), 4)[:1]
+    run_until_done(scheduler, worker, run)
+    assert_matches_reference(run, requests)
+
+
+def test_the_step_codec_carries_deferred_handles() -> None:
+    message = wire.StepOutput(handles=pack_int32([1]), sampled_token_ids=pack_int32([7]),
+                              deferred_handles=pack_int32([4, 9]))
+    output = decode_step_output(message)
+    assert (output.handles, output.deferred) == ([1], {4, 9})
 
 
 # ---- policies and admission --------------------------------------------------------------

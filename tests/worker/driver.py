@@ -2,8 +2,9 @@
 
 It does what the real scheduler does, minimally: a token budget per step (a prompt longer than
 what is left is chunked), decodes first, blocks handed out as requests grow (new blocks reach the
-worker as cached_new_block_ids), requests finished after EOS or max_new_tokens, and an optional
-shared prefix whose full blocks a new request reuses (prefix caching).
+worker as cached_new_block_ids), requests finished after EOS or max_new_tokens, an optional
+shared prefix whose full blocks a new request reuses (prefix caching), and a deferred request's
+last position scheduled again (its grammar was still compiling).
 """
 
 from __future__ import annotations
@@ -124,6 +125,8 @@ class StepDriver:
             req.blocks.append(self.free_blocks.pop())
 
     def _collect(self, out: wire.StepOutput) -> None:
+        for handle in unpack_int32(out.deferred_handles).tolist():
+            self.requests[handle].num_computed -= 1   # its grammar compiles: sample again
         for handle, token in zip(unpack_int32(out.handles).tolist(),
                                  unpack_int32(out.sampled_token_ids).tolist()):
             req = self.requests[handle]

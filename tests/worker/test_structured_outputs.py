@@ -1,5 +1,6 @@
 """Structured outputs on the worker: grammar-masked rows beside free ones in one step, masked
-logprobs, and matchers rebuilt from a request's tokens after preemption or a move.
+logprobs, matchers rebuilt from a request's tokens after preemption or a move, and rows whose
+grammar still compiles deferred while the step goes on.
 
 A tiny random model (vocabulary 256) with a character-level tokenizer saved beside it: fast,
 offline, and every token's text is known.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +21,7 @@ from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 
 from services.common import wire
+from services.common.grammar.grammar_cache import GrammarCache
 from services.common.packing import unpack_int32, unpack_strings
 from services.worker.model_runner import ModelRunner, RunnerConfig
 from services.worker.structured_outputs import (
@@ -56,8 +59,23 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
+def compile_when_added(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each grammar compiles when its row is added, so the model tests that are about masks
+    see the same steps on any machine; the tests of a compile still running hold one
+    instead."""
+    get = GrammarCache.get
+
+    def get_compiled(cache: GrammarCache, spec: wire.GrammarSpec) -> Future[xgr.CompiledGrammar]:
+        future = get(cache, spec)
+        future.exception()   # waits for it
+        return future
+
+    monkeypatch.setattr(GrammarCache, "get", get_compiled)
+
+
 @pytest.fixture
-def runner(model_dir: Path) -> ModelRunner:
+def runner(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> ModelRunner:
+    compile_when_added(monkeypatch)
     return ModelRunner(RunnerConfig(model_dir=model_dir, kv_cache_memory=2**20, max_num_seqs=4,
                                     max_model_len=128))
 
@@ -176,6 +194,7 @@ def test_a_rebuilt_matcher_masks_as_the_original(model_dir: Path) -> None:
     token_ids[:, :len(PROMPT)] = PROMPT
     live = _structured(model_dir)
     live.add_request(0, spec, len(PROMPT))
+    live.wait_compiled()
     rows = np.array([0])
     for token in outputs:
         live.fill_bitmask(rows, token_ids, num_tokens)
@@ -185,6 +204,7 @@ def test_a_rebuilt_matcher_masks_as_the_original(model_dir: Path) -> None:
     token_ids[1], num_tokens[1] = token_ids[0], num_tokens[0]
     rebuilt = _structured(model_dir)
     rebuilt.add_request(1, spec, len(PROMPT))
+    rebuilt.wait_compiled()
     expected = live.fill_bitmask(rows, token_ids, num_tokens)
     got = rebuilt.fill_bitmask(np.array([1]), token_ids, num_tokens)
     assert expected is not None and got is not None
@@ -206,3 +226,80 @@ def test_the_cpu_mask_equals_xgrammars_kernel() -> None:
     apply_bitmask(logits, GrammarBitmask(bitmask[:5], [0, 3], failed=[]))
     assert torch.equal(logits, expected)
     assert torch.isinf(logits[0]).any() and not torch.isinf(logits[1]).any()
+
+
+# ---- a grammar still compiling never stalls the step ------------------------------------
+
+def compiled_regex(model_dir: Path) -> xgr.CompiledGrammar:
+    return xgr.GrammarCompiler(load_tokenizer_info(model_dir, 256, [EOS])).compile_regex(REGEX)
+
+
+def held_compile(model_dir: Path, monkeypatch: pytest.MonkeyPatch
+                 ) -> tuple[StructuredOutputs, Future[xgr.CompiledGrammar], np.ndarray, np.ndarray]:
+    """Row 0 constrained, its compile held by the test; the batch's token columns (two rows
+    at the end of the prompt)."""
+    held: Future[xgr.CompiledGrammar] = Future()
+    monkeypatch.setattr(GrammarCache, "get", lambda self, spec: held)
+    structured = _structured(model_dir)
+    structured.add_request(0, regex_sampling().grammar, len(PROMPT))
+    token_ids = np.zeros((2, 64), dtype=np.int32)
+    token_ids[:, :len(PROMPT)] = PROMPT
+    return structured, held, token_ids, np.full(2, len(PROMPT), dtype=np.int32)
+
+
+def test_a_row_whose_grammar_compiles_is_deferred_not_waited_for(
+        model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    structured, held, token_ids, num_tokens = held_compile(model_dir, monkeypatch)
+    rows = np.array([1, 0])       # a free row samples beside it
+    mask = structured.fill_bitmask(rows, token_ids, num_tokens)   # returns at once
+    assert mask is not None
+    assert (mask.deferred, mask.indices, mask.failed) == ([1], [], [])
+    assert bool((mask.bitmask == -1).all())
+    structured.accept_tokens(rows[:1], np.array([PIECES.index("q")]))   # the free row's
+    held.set_result(compiled_regex(model_dir))
+    mask = structured.fill_bitmask(rows, token_ids, num_tokens)
+    assert mask is not None and (mask.deferred, mask.indices, mask.failed) == ([], [1], [])
+    allowed = {t for t in range(len(PIECES)) if mask.bitmask[1, t // 32] >> (t % 32) & 1}
+    assert allowed == {PIECES.index(p) for p in ["a", "ab", "abcd", "c", "cd", "12", "34"]
+                       + list("0123456789")}
+
+
+def test_a_compile_that_failed_fails_its_row_alone(
+        model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    structured, held, token_ids, num_tokens = held_compile(model_dir, monkeypatch)
+    held.set_exception(RuntimeError("out of memory"))
+    mask = structured.fill_bitmask(np.array([0]), token_ids, num_tokens)
+    assert mask is not None and (mask.deferred, mask.failed, mask.rejections) == ([], [0], {})
+
+
+def test_the_step_goes_on_while_a_grammar_compiles(
+        runner: ModelRunner, model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The constrained request reaches its sampling step with its compile held: it gets no
+    token and is named deferred, its last position is not counted, and the free request
+    decodes step after step. Once the grammar is there, the deferred request recomputes its
+    last position and goes on: valid, and the same as without the wait."""
+    reference_driver = StepDriver(runner)
+    handle = reference_driver.add(PROMPT, max_new_tokens=40, sampling=regex_sampling())
+    reference = reference_driver.run()[handle]
+    free_driver = StepDriver(runner)
+    free_handle = free_driver.add(PROMPT, max_new_tokens=12, stop_at_eos=False)
+    free_reference = free_driver.run()[free_handle]
+
+    held: Future[xgr.CompiledGrammar] = Future()
+    monkeypatch.setattr(GrammarCache, "get", lambda self, spec: held)
+    driver = StepDriver(runner)
+    constrained = driver.add(PROMPT, max_new_tokens=40, sampling=regex_sampling())
+    free = driver.add(PROMPT, max_new_tokens=12, stop_at_eos=False)
+    for step in range(4):
+        out = driver.run_step()
+        assert unpack_int32(out.deferred_handles).tolist() == [constrained]
+        assert unpack_int32(out.handles).tolist() == [free]
+        row = runner.input_batch.handle_to_row[constrained]
+        assert runner.input_batch.num_tokens[row] == len(PROMPT)
+        assert runner.input_batch.num_computed_tokens[row] == len(PROMPT) - 1
+    assert len(driver.requests[free].output_ids) == 4
+    held.set_result(compiled_regex(model_dir))
+    outputs = driver.run()
+    assert re.fullmatch(REGEX, text_of(outputs[constrained]))
+    assert outputs[constrained] == reference
+    assert outputs[free] == free_reference

@@ -23,6 +23,7 @@ from services.common.frontend.logprobs import (
 )
 from services.common.frontend.mesh_client import TextDelta
 from services.common.frontend.protocol import ChatCompletionRequest, ChatMessage
+from services.common.frontend.reasoning import get_reasoning_parser
 from services.common.frontend.responses import ChoiceState, finish_reason, stop_reason
 from services.common.frontend.sampling import check_limits, detokenize_params, sampling_params
 from services.common.frontend.structured_outputs import grammar_request
@@ -84,6 +85,10 @@ class ChatCompletion(GenerationHandler[ChatCompletionRequest, ChatChoice]):
                               f"it cannot be combined with {grammar.param}",
                               param="tool_choice")
             grammar = self.tools.grammar()
+        if grammar is not None and self.ctx.settings.reasoning_parser:
+            # A reasoning model thinks first: the constraint holds for the answer after it.
+            parser = get_reasoning_parser(self.ctx.settings.reasoning_parser)
+            grammar.spec.reasoning = parser.markers()
         check_limits(body, self.ctx.settings, self.num_logprobs)
         max_tokens = body.max_completion_tokens or body.max_tokens
         param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"

@@ -174,9 +174,10 @@ class ChatOutput:
         assert self.plan is not None
         if self.plan.function is not None:      # named: the text is the arguments
             first = self._num_calls == 0
-            self._num_calls = 1
-            if not text and not first:
+            # NOTE: the call opens with its first arguments, so not while the model reasons.
+            if not text and not (first and is_last):
                 return []
+            self._num_calls = 1
             call = (ToolCallDelta(0, text, id=make_tool_call_id(), name=self.plan.function)
                     if first else ToolCallDelta(0, text))
             return [call.to_openai()]

@@ -54,6 +54,7 @@ class EncodedPrompt:
     tokenizer_id: str
     request_ids: list[str]
     detokenize: wire.DetokenizeParams | None = None
+    grammar: wire.GrammarSpec | None = None     # as the engine enforces it (the tokenizer's)
 
 
 @dataclass
@@ -206,8 +207,12 @@ class GenerationRun:
         if reply.grammar_error:
             assert plan.grammar is not None
             raise invalid(reply.grammar_error, param=plan.grammar.param)
+        grammar = None
+        if plan.grammar is not None:   # the tokenizer's copy has the reasoning markers' ids
+            grammar = (reply.grammar if reply.grammar.kind != wire.GrammarKind.NONE
+                       else plan.grammar.spec)
         return EncodedPrompt(reply.token_ids, len(reply.token_ids) // 4, reply.tokenizer_id,
-                             child_ids, detokenize)
+                             child_ids, detokenize, grammar)
 
     def _prefill_ids(self, prompt_index: int) -> list[str]:
         """P/D: the prompt's prefill request, registered with the tokenizer beside its choices
@@ -232,8 +237,8 @@ class GenerationRun:
             for i, child_id in enumerate(prompt.request_ids):
                 seed = None if plan.seed is None else plan.seed + i
                 sampling = plan.make_sampling(max_tokens, seed)
-                if plan.grammar is not None:
-                    sampling.grammar = plan.grammar.spec
+                if prompt.grammar is not None:
+                    sampling.grammar = prompt.grammar
                 requests.append(wire.GenerateRequest(
                     request_id=child_id, prompt_token_ids=prompt.token_ids,
                     sampling=sampling, priority=plan.priority,

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from services.common import wire
+
 START, END = "<think>", "</think>"
 
 
@@ -38,6 +40,11 @@ class ReasoningParser:
 
     def stream(self) -> ReasoningStream:
         return ReasoningStream(self.opens_in_prompt)
+
+    def markers(self) -> wire.ReasoningMarkers:
+        """The section's markers, for a grammar that applies after it (the tokenizer adds
+        their token ids)."""
+        return wire.ReasoningMarkers(start=START, end=END, opens_in_prompt=self.opens_in_prompt)
 
 
 class DeepSeekR1ReasoningParser(ReasoningParser):

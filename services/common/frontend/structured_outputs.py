@@ -1,11 +1,12 @@
 """Structured outputs at the gateway: the request's constraint fields -> one GrammarSpec.
 
-Three spellings ask for a constraint: OpenAI's `response_format` (json_object, json_schema),
-vLLM's `structured_outputs` object (json, regex, choice, grammar, json_object,
-structural_tag) and vLLM's older `guided_*` fields. Checked here: which field asked, that
-only one did, and options the grammar engine (xgrammar) lacks. The tokenizer then compiles
-the spec at encode time and refuses what is malformed or cannot be enforced; either way the
-400 names the field that asked.
+Three spellings ask for a constraint: OpenAI's `response_format` (json_object, json_schema,
+and vLLM's structural_tag), vLLM's `structured_outputs` object (json, regex, choice,
+grammar, json_object, structural_tag) and vLLM's older `guided_*` fields. Checked here:
+which field asked, that only one did, and options the grammar engine (xgrammar) lacks (and
+a Lark grammar, which is not read). The tokenizer then compiles the spec at encode time and
+refuses what is malformed or cannot be enforced; either way the 400 names the field that
+asked.
 """
 
 from __future__ import annotations
@@ -82,18 +83,44 @@ def _spec(name: str, value: Any, param: str) -> wire.GrammarSpec:
     if name == "choice":
         return wire.GrammarSpec(kind=Kind.EBNF, spec=_choice_grammar(value, param))
     if name == "grammar":
-        return wire.GrammarSpec(kind=Kind.EBNF, spec=value)
+        return wire.GrammarSpec(kind=Kind.EBNF, spec=_ebnf(value, param))
     return wire.GrammarSpec(kind=Kind.STRUCTURAL_TAG, spec=value)
 
 
 def _response_format_spec(response_format: ResponseFormat) -> wire.GrammarSpec:
     if response_format.type == "json_object":
         return wire.GrammarSpec(kind=Kind.JSON_SCHEMA, spec=JSON_OBJECT_SCHEMA)
+    if response_format.type == "structural_tag":
+        return wire.GrammarSpec(kind=Kind.STRUCTURAL_TAG,
+                                spec=_structural_tag_text(response_format))
     json_schema = response_format.json_schema
     if json_schema is None or json_schema.json_schema is None:
         raise invalid("response_format of type json_schema needs json_schema.schema",
                       param="response_format")
     return wire.GrammarSpec(kind=Kind.JSON_SCHEMA, spec=_schema_text(json_schema.json_schema))
+
+
+def _structural_tag_text(response_format: ResponseFormat) -> str:
+    """The tag as structured_outputs.structural_tag spells it (the grammar cache reads both
+    forms): xgrammar's {"type": "structural_tag", "format"}, or {"structures", "triggers"}."""
+    tag_format, structures, triggers = (response_format.format, response_format.structures,
+                                        response_format.triggers)
+    if tag_format is not None and structures is None:
+        return json.dumps({"type": "structural_tag", "format": tag_format}, ensure_ascii=False)
+    if tag_format is None and structures is not None and triggers is not None:
+        return json.dumps({"structures": structures, "triggers": triggers}, ensure_ascii=False)
+    raise invalid("response_format of type structural_tag needs either `format` (xgrammar's "
+                  "structural tag) or `structures` with `triggers`", param="response_format")
+
+
+def _ebnf(grammar: str, param: str) -> str:
+    # NOTE: vLLM's test for a Lark grammar: every EBNF rule has "::=", so a grammar without
+    # one cannot be EBNF, and most likely is Lark ("start: ...").
+    if "::=" not in grammar:
+        raise invalid(f"{param} is not an EBNF grammar (it has no `::=` rule); Lark "
+                      f"grammars are not accepted: write it in EBNF (GBNF-like, starting at "
+                      f"`root ::= ...`)", param=param)
+    return grammar
 
 
 def _schema_text(schema: dict[str, Any] | str | bool) -> str:

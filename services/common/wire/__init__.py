@@ -86,6 +86,31 @@ class GrammarSpec(betterproto.Message):
      already matched (the worker replays them into a fresh matcher).
     """
 
+    reasoning: "ReasoningMarkers" = betterproto.message_field(5)
+    """
+    A reasoning model (--reasoning-parser): the output reasons freely, and the grammar
+     applies after its reasoning section. Unset: the grammar applies from the first token.
+    """
+
+
+@dataclass(eq=False, repr=False)
+class ReasoningMarkers(betterproto.Message):
+    """
+    Where a reasoning section starts and ends. The gateway names the markers (its reasoning
+     parser's); the tokenizer adds their token ids, which are what the worker matches.
+    """
+
+    start: str = betterproto.string_field(1)
+    end: str = betterproto.string_field(2)
+    opens_in_prompt: bool = betterproto.bool_field(3)
+    """
+    deepseek_r1: the prompt opens the section, so the output reasons until `end`. qwen3:
+     only an output that opens with `start` reasons; any other is constrained throughout.
+    """
+
+    start_token_ids: bytes = betterproto.bytes_field(4)
+    end_token_ids: bytes = betterproto.bytes_field(5)
+
 
 @dataclass(eq=False, repr=False)
 class Heartbeat(betterproto.Message):
@@ -349,6 +374,13 @@ class StepOutput(betterproto.Message):
     """
 
     rejected_reasons: bytes = betterproto.bytes_field(15)
+    deferred_handles: bytes = betterproto.bytes_field(16)
+    """
+    Constrained requests that reached a sampling step before their grammar compiled on the
+     worker: no token, and their last position is not counted as computed. The scheduler
+     rolls their num_computed_tokens back by one, so a later step recomputes that position
+     (the same KV slot) and samples again (vLLM's WAITING_FOR_FSM, without a stalled step).
+    """
 
 
 @dataclass(eq=False, repr=False)
@@ -543,6 +575,10 @@ class EncodeReply(betterproto.Message):
     error: str = betterproto.string_field(3)
     token_strings: List[str] = betterproto.string_field(4)
     grammar_error: str = betterproto.string_field(5)
+    grammar: "GrammarSpec" = betterproto.message_field(6)
+    """
+    The request's grammar as engines enforce it: its reasoning markers as token ids.
+    """
 
 
 @dataclass(eq=False, repr=False)

@@ -103,6 +103,9 @@ class RunnerOutput:
     kv_connector_output: KVConnectorOutput | None = None
     rejected: dict[int, str] = field(default_factory=dict)
     """Requests (by handle) the worker gave up for their own input, and why."""
+    deferred: set[int] = field(default_factory=set)
+    """Requests (by handle) that reached their sampling position before their grammar
+    compiled on the worker: no token, and their last position is to be computed again."""
 
 
 @dataclass(slots=True)

@@ -387,6 +387,11 @@ class Scheduler:
             if request.num_computed_tokens < request.num_tokens:
                 continue   # prefill still partial: nothing sampled
             token_id = sampled.get(handle)
+            if token_id is None and handle in runner_output.deferred:
+                # Its grammar still compiles on the worker: the next step recomputes the
+                # last position (the same KV slot) and samples again; nothing else waits.
+                request.num_computed_tokens -= 1
+                continue
             if token_id is None:
                 reason = runner_output.rejected.get(handle)
                 request.error_code = "invalid_request" if reason is not None else None
