@@ -4,6 +4,7 @@ runs the steps its scheduler sends (services/worker/model_runner.py does the wor
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -20,6 +21,8 @@ from services.worker.kv.transfer import KVTransferThread
 from services.worker.model_runner import ModelRunner, RunnerConfig
 from services.worker.settings import WorkerSettings
 
+GIL_SWITCH_INTERVAL_S = 0.0002
+
 
 class WorkerService(Service):
     name = "worker"
@@ -27,6 +30,11 @@ class WorkerService(Service):
     def __init__(self, settings: WorkerSettings) -> None:
         super().__init__(settings)
         self.settings: WorkerSettings = settings
+        # NOTE: the step thread takes the GIL back between ~400 torch calls a step, and
+        # waits for it each time another thread holds it (the KV transfer thread packing
+        # saves, the event loop) for up to the switch interval: at Python's 5 ms, steps of
+        # 35 ms took 1-2 s beside write-through saves (benchmarks.md section 10).
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         self.runner: ModelRunner | None = None
         # One thread runs every step in order; the event loop stays free for heartbeats.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-runner")
