@@ -7,7 +7,7 @@ using namespace pybind11::literals;
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "LLM Mesh CPU kernels: paged attention, KV cache write, fused layer ops, "
-           "quantized linear";
+           "quantized linear, int8 quantize / dequantize";
   m.attr("vec_size") = mesh_cpu::vec_size();
   m.def("supports_head_dim", &mesh_cpu::supports_head_dim, "head_dim"_a,
         "Whether paged_attention has a kernel for this head size.");
@@ -40,4 +40,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "x [M, K] fp32 @ W^T for W [N, K] in GGUF blocks of 32: Q4_1 (scales, mins [N, K/32], "
         "qs [N, K/2] nibbles) or Q8_0 (scales, empty mins, qs [N, K] int8 as uint8), expanded "
         "to the dequantized fp32 values on the fly. Returns y [M, N] fp32.");
+  m.def("quantize_per_token", &mesh_cpu::quantize_per_token, "x"_a, "zero_point"_a = 0,
+        "x [M, K] to (codes [M, K], scales [M] fp32): per row s = max|x| / 127, "
+        "q = round(x / s) in [-127, 127]; int8 codes, or q + 128 as uint8 with zero_point 128.");
+  m.def("dequantize_int32", &mesh_cpu::dequantize_int32, "acc"_a, "x_scales"_a, "w_scales"_a,
+        "bias"_a, "out_dtype"_a,
+        "acc [M, N] int32 (or those values as fp32) to acc * x_scales[row] * w_scales[col] "
+        "(+ bias fp32 [N]), computed in fp32 and rounded once to out_dtype.");
 }

@@ -3,6 +3,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <tuple>
 
 namespace mesh_cpu {
@@ -37,5 +38,11 @@ bool quant_linear_supported();
 
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& scales, const at::Tensor& mins,
                         const at::Tensor& qs);
+
+std::tuple<at::Tensor, at::Tensor> quantize_per_token(const at::Tensor& x, int64_t zero_point);
+
+at::Tensor dequantize_int32(const at::Tensor& acc, const at::Tensor& x_scales,
+                            const at::Tensor& w_scales, const std::optional<at::Tensor>& bias,
+                            at::ScalarType out_dtype);
 
 }  // namespace mesh_cpu

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from services.worker.models.int8 import check_quantization
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -16,6 +18,7 @@ class RunnerConfig:
     use_gguf_blocks: bool = True           # fp32 on CPU, a converted GGUF model: steps of a
                                            # few rows read its blocks (models/quantized.py)
     dtype: str = "float32"                 # float32 | bfloat16 | float16
+    quantization: str = "none"             # none | int8 (CPU: W8A8 linears, models/int8.py)
     kv_cache_dtype: str = "auto"           # auto (= dtype) | fp8 (e4m3: half the KV bytes)
     block_size: int = 16
     max_model_len: int | None = None       # None: the model's max_position_embeddings
@@ -30,6 +33,9 @@ class RunnerConfig:
     num_threads: int | None = None         # CPU threads; None: all cores
     enable_cuda_graphs: bool = True        # cuda + triton only: decode steps replay graphs
     grammar_cache_size: int = 64           # structured outputs: compiled grammars kept (LRU)
+
+    def __post_init__(self) -> None:
+        check_quantization(self.quantization, self.device)
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -93,7 +93,7 @@ class ModelRunner:
                                vocab_size=model_config.vocab_size,
                                eos_token_ids=list(model_config.eos_token_ids),
                                model_name=config.model_dir.name)
-        self.kv_fingerprint = kv_fingerprint(config.model_dir, self.kv_spec)
+        self.kv_fingerprint = kv_fingerprint(config.model_dir, self.kv_spec, config.quantization)
         self.kv_connector: WorkerKVConnector | None = None
         """Moves blocks to / from the kvstore between forward passes; set by the service."""
 
@@ -163,7 +163,7 @@ class ModelRunner:
         started = time.perf_counter()
         weights = WeightSource(self.config.model_dir, self.config.torch_dtype, self.device)
         model = LlamaForCausalLM(self.model_config, weights, self.attn_backend,
-                                 self.max_model_len, self._gguf_blocks())
+                                 self.max_model_len, self._gguf_blocks(), self.config.quantization)
         log.info("model weights loaded", model=self.config.model_dir.name,
                  model_type=self.model_config.model_type, dtype=self.config.dtype,
                  device=str(self.device), attention_backend=self.attn_backend.name,

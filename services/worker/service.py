@@ -62,7 +62,7 @@ class WorkerService(Service):
         s = self.settings
         return RunnerConfig(
             model_dir=model_dir, use_gguf_blocks=s.use_gguf_blocks, dtype=s.dtype,
-            kv_cache_dtype=s.kv_cache_dtype,
+            quantization=s.quantization, kv_cache_dtype=s.kv_cache_dtype,
             block_size=s.block_size, max_model_len=s.max_model_len or None,
             kv_cache_memory=s.kv_cache_memory or None,
             kv_cache_memory_fraction=s.kv_cache_memory_fraction,

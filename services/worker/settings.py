@@ -12,6 +12,9 @@ from services.common.settings import CommonSettings, EngineSettings, setting
 class WorkerSettings(CommonSettings, EngineSettings, KVTLSSettings):
     dtype: str = setting("float32", "Weights and activations dtype",
                          choices=("float32", "bfloat16", "float16"))
+    quantization: str = setting("none", "CPU only: int8 runs every linear as W8A8 (int8 "
+                                "weights per channel, activations per token; the rest stays "
+                                "in --dtype)", choices=("none", "int8"))
     kv_cache_dtype: str = setting("auto", "KV cache dtype (fp8: e4m3 with scales, half the "
                                   "bytes)", choices=("auto", "fp8"))
     kv_cache_memory: int = setting(0, "Bytes of KV cache (0: --kv-cache-memory-fraction of "

@@ -30,10 +30,11 @@ LAYOUT = "layers,kv,block,heads,dim"
 _IDLE_WAIT_S = 0.02   # an empty step with transfers in flight waits this long for one
 
 
-def kv_fingerprint(model_dir: Path, spec: KVCacheSpec) -> str:
+def kv_fingerprint(model_dir: Path, spec: KVCacheSpec, quantization: str = "none") -> str:
     """Names the bytes of this worker's KV blocks: the model (its config, and the size, head
     and tail of each weight file: different weights never share a fingerprint in practice),
-    the cache dtype, the block size and the layout."""
+    how its weights run (a quantized model computes other KV), the cache dtype, the block
+    size and the layout."""
     digest = hashlib.sha256((model_dir / "config.json").read_bytes())
     for path in sorted(model_dir.glob("*.safetensors")):
         size = path.stat().st_size
@@ -44,6 +45,8 @@ def kv_fingerprint(model_dir: Path, spec: KVCacheSpec) -> str:
         digest.update(f"{path.name}:{size}".encode() + head + tail)
     digest.update(f"{spec.dtype}|{spec.block_size}|{spec.num_layers}|{spec.num_kv_heads}|"
                   f"{spec.head_dim}|{LAYOUT}".encode())
+    if quantization != "none":   # unchanged for unquantized engines: their stores stay valid
+        digest.update(f"|quantization={quantization}".encode())
     return digest.hexdigest()[:24]
 
 

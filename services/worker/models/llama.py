@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from services.worker.attention.backend import AttentionBackend, KVCache
 from services.worker.cpu_runtime import load_cpu_kernels
 from services.worker.models.config import ModelConfig
+from services.worker.models.int8 import Int8Linear
 from services.worker.models.quantized import BlockSource
 from services.worker.models.layer_ops import CpuLayerOps, TorchLayerOps
 from services.worker.models.layers import Linear
@@ -28,7 +29,7 @@ from services.worker.models.rotary import RotaryEmbedding
 from services.worker.models.weights import WeightSource
 
 
-LinearFactory = Callable[..., Linear]   # (weight names, bias=None) -> Linear
+LinearFactory = Callable[..., Linear | Int8Linear]   # (weight names, bias=None) -> a linear
 
 
 class LlamaDecoderLayer:
@@ -100,8 +101,10 @@ class LlamaDecoderLayer:
 
 class LlamaForCausalLM:
     def __init__(self, config: ModelConfig, weights: WeightSource, attn: AttentionBackend,
-                 max_position: int, blocks: BlockSource | None = None):
-        """`blocks`: the GGUF blocks of the weights, read by small batches (quantized.py)."""
+                 max_position: int, blocks: BlockSource | None = None,
+                 quantization: str = "none"):
+        """`blocks`: the GGUF blocks of the weights, read by small batches (quantized.py);
+        quantization "int8": every linear is an Int8Linear (int8.py)."""
         self.config = config
         # NOTE: on CPU the layers' small steps run as fused C++ kernels where they could be
         # built (kernels/cpu_ops.py), in torch otherwise.
@@ -111,7 +114,9 @@ class LlamaForCausalLM:
                                       config.rope_scaling, weights.dtype, weights.device, kernels)
 
         def linear(names: list[str], bias: torch.Tensor | None = None,
-                   weight: torch.Tensor | None = None) -> Linear:
+                   weight: torch.Tensor | None = None) -> Linear | Int8Linear:
+            if quantization == "int8":   # from the fp32 values, whatever the model dtype
+                return Int8Linear(weights.get_fused(names, torch.float32), bias, kernels)
             quantized = blocks.get_fused(names) if blocks is not None else None
             return Linear(weights.get_fused(names) if weight is None else weight, bias,
                           quantized, kernels)

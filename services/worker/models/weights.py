@@ -30,14 +30,15 @@ class WeightSource:
     def __contains__(self, name: str) -> bool:
         return name in self._name_to_handle
 
-    def get(self, name: str) -> torch.Tensor:
+    def get(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The named tensor in `dtype` (default: the model's)."""
         try:
             handle, stored_name = self._name_to_handle[name]
         except KeyError:
             raise KeyError(f"weight {name!r} missing from the checkpoint") from None
         tensor = handle.get_tensor(stored_name)
-        return tensor.to(device=self.device, dtype=self.dtype).contiguous()
+        return tensor.to(device=self.device, dtype=dtype or self.dtype).contiguous()
 
-    def get_fused(self, names: list[str]) -> torch.Tensor:
+    def get_fused(self, names: list[str], dtype: torch.dtype | None = None) -> torch.Tensor:
         """Tensors concatenated along dim 0: q/k/v into one qkv weight, gate/up into one."""
-        return torch.cat([self.get(name) for name in names], dim=0)
+        return torch.cat([self.get(name, dtype) for name in names], dim=0)
