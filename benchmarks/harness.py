@@ -136,9 +136,14 @@ def mesh_up(up_args: Sequence[str], log: Path) -> Iterator[RunningMesh]:
 
 
 def log_events(log: Path) -> Iterator[dict[str, Any]]:
+    """The JSON events of a mesh log. Children share the launcher's stdout, so two lines can
+    land interleaved on one: such a line is skipped."""
     for line in log.read_text().splitlines():
         if line.startswith("{"):
-            yield json.loads(line)
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                continue
 
 
 def service_health_urls(log: Path) -> dict[str, str]:

@@ -75,8 +75,10 @@ class EngineSettings(ModelSettings):
     block_size: int = setting(16, "Tokens per KV cache block")
     max_num_seqs: int = setting(256, "Most requests in one step's batch")
     max_num_batched_tokens: int = setting(
-        512, "Token budget of one step (decodes + prefill chunks); smaller keeps inter-token "
-        "latency low while long prompts prefill")
+        128, "Token budget of one step (decodes + prefill chunks); smaller keeps inter-token "
+        "latency low while prompts prefill. 128 suits CPU workers (a 32-row bf16 step with a "
+        "full chunk takes ~90 ms, with 512 ~280 ms: benchmarks.md section 10); on an "
+        "accelerator, where a chunk costs about a decode step, raise it (vLLM: 8192)")
     seed: int = setting(0, "Random seed for unseeded sampling")
 
 
