@@ -14,6 +14,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from services.common.json_depth import MAX_BODY_DEPTH, nesting_depth
+
 
 @dataclass(frozen=True)
 class BatchLine:
@@ -63,6 +65,10 @@ def _parse_line(number: int, raw: bytes, endpoint: str) -> BatchLine | Malformed
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         return MalformedLine(number, f"line-{number}", None, "invalid_json",
                              f"line {number} is not valid JSON: {exc}")
+    except RecursionError:   # deeper than the parser itself goes
+        return _too_deep(number)
+    if nesting_depth(item, stop_past=MAX_BODY_DEPTH) > MAX_BODY_DEPTH:
+        return _too_deep(number)   # NOTE: before the body's validation, which recurses
     if not isinstance(item, dict):
         return MalformedLine(number, f"line-{number}", None, "invalid_json",
                              f"line {number} is not a JSON object")
@@ -82,6 +88,11 @@ def _parse_line(number: int, raw: bytes, endpoint: str) -> BatchLine | Malformed
         return MalformedLine(number, key, custom_id, "invalid_body",
                              f"line {number}: body must be a JSON object")
     return BatchLine(number, key, custom_id, body)
+
+
+def _too_deep(number: int) -> MalformedLine:
+    return MalformedLine(number, f"line-{number}", None, "invalid_json",
+                         f"line {number} nests JSON deeper than {MAX_BODY_DEPTH} levels")
 
 
 # ---- output and error file entries (OpenAI's batch output format)

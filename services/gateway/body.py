@@ -10,11 +10,9 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from services.common.frontend.errors import ApiError, invalid
+from services.common.json_depth import MAX_BODY_DEPTH, nesting_depth
 
 M = TypeVar("M", bound=BaseModel)
-
-MAX_DEPTH = 128   # JSON nesting; real bodies (tool schemas included) stay far below it
-
 
 async def parse_body(request: Request, model: type[M], max_bytes: int) -> M:
     length = request.headers.get("content-length")
@@ -35,7 +33,7 @@ async def parse_body(request: Request, model: type[M], max_bytes: int) -> M:
         raise _too_deep() from None
     if not isinstance(data, dict):
         raise invalid("the request body must be a JSON object")
-    if _depth(data) > MAX_DEPTH:
+    if nesting_depth(data, stop_past=MAX_BODY_DEPTH) > MAX_BODY_DEPTH:
         # NOTE: before validation, which (like the surrogate check) recurses per level.
         raise _too_deep()
     if b"\\ud" in raw.lower() and _has_lone_surrogate(data):
@@ -51,25 +49,7 @@ async def parse_body(request: Request, model: type[M], max_bytes: int) -> M:
 
 
 def _too_deep() -> ApiError:
-    return invalid(f"the request body nests JSON deeper than {MAX_DEPTH} levels")
-
-
-def _depth(value: Any) -> int:
-    """How deep arrays and objects nest in `value`, without recursion."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        deepest = max(deepest, depth)
-        if depth > MAX_DEPTH:
-            break
-        stack.extend((child, depth + 1) for child in children)
-    return deepest
+    return invalid(f"the request body nests JSON deeper than {MAX_BODY_DEPTH} levels")
 
 
 def _has_lone_surrogate(value: Any) -> bool:

@@ -61,3 +61,11 @@ def test_entries_follow_openai_batch_output_format() -> None:
     assert bad == {"id": "batch_req_line-3", "custom_id": None, "response": None,
                    "error": {"code": "invalid_json", "message": "no"}}
     assert not is_success(bad)
+
+
+def test_a_line_nested_thousands_deep_is_malformed_and_the_rest_run() -> None:
+    deep = b'{"custom_id": "deep", "method": "POST", "url": "%s", "body": {"x": %s1%s}}' % (
+        CHAT.encode(), b"[" * 5000, b"]" * 5000)
+    lines = parse_input(b"\n".join([line("a"), deep, line("b", body={"x": [[[1]]]})]), CHAT)
+    assert [type(x) for x in lines] == [BatchLine, MalformedLine, BatchLine]
+    assert lines[1].code == "invalid_json" and "deeper than 128 levels" in lines[1].message

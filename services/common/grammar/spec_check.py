@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from services.common import wire
+from services.common.json_depth import nesting_depth
 
 MAX_SPEC_BYTES = 64 * 1024
 MAX_NESTING_DEPTH = 64
@@ -55,20 +56,6 @@ def _load_json(text: str, what: str) -> Any:
     if nesting_depth(value) > MAX_NESTING_DEPTH:
         raise GrammarError(f"the {what} is nested more than {MAX_NESTING_DEPTH} levels deep")
     return value
-
-
-def nesting_depth(value: Any) -> int:
-    """How deeply JSON containers nest in `value` (a scalar is 0)."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        children = (node.values() if isinstance(node, dict)
-                    else node if isinstance(node, list) else None)
-        if children is None:
-            continue
-        deepest = max(deepest, depth)
-        stack.extend((child, depth + 1) for child in children)
-    return deepest
 
 
 def check_json_schema(schema: Any) -> None:
