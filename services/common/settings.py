@@ -76,9 +76,9 @@ class EngineSettings(ModelSettings):
     max_num_seqs: int = setting(256, "Most requests in one step's batch")
     max_num_batched_tokens: int = setting(
         128, "Token budget of one step (decodes + prefill chunks); smaller keeps inter-token "
-        "latency low while prompts prefill. 128 suits CPU workers (a 32-row bf16 step with a "
-        "full chunk takes ~90 ms, with 512 ~280 ms: benchmarks.md section 10); on an "
-        "accelerator, where a chunk costs about a decode step, raise it (vLLM: 8192)")
+        "latency low while prompts prefill. 128 suits CPU workers (bf16, 32 streams: ITL P99 "
+        "117 ms at 128, 280 ms at 512; benchmarks.md section 10); on an accelerator, where "
+        "a chunk costs about a decode step, raise it (vLLM: 8192)")
     seed: int = setting(0, "Random seed for unseeded sampling")
 
 
