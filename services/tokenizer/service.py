@@ -102,9 +102,12 @@ class TokenizerService(Service):
             error = await self.grammars.error_of(request.grammar)
             if error is not None:
                 return wire.EncodeReply(grammar_error=error, tokenizer_id=self.instance_id)
-            assert self.codec is not None
             reply = self._encode_reply(request)
-            reply.grammar = engine_grammar(request.grammar, self.codec)
+            if request.grammar.reasoning.end:
+                # NOTE: sent back only when there are markers to resolve: a tool schema the
+                # gateway already holds would otherwise cross NATS twice.
+                assert self.codec is not None
+                reply.grammar = engine_grammar(request.grammar, self.codec)
             return reply
 
     def _encode_reply(self, request: wire.EncodeRequest) -> wire.EncodeReply:
@@ -288,9 +291,8 @@ def engine_grammar(grammar: wire.GrammarSpec, codec: TextCodec) -> wire.GrammarS
     """The grammar as engines enforce it: its reasoning markers as this vocabulary's ids
     (the worker finds a reasoning section by them)."""
     markers = grammar.reasoning
-    if markers.end:
-        markers.start_token_ids = pack_int32(codec.encode(markers.start, False))
-        markers.end_token_ids = pack_int32(codec.encode(markers.end, False))
+    markers.start_token_ids = pack_int32(codec.encode(markers.start, False))
+    markers.end_token_ids = pack_int32(codec.encode(markers.end, False))
     return grammar
 
 

@@ -577,7 +577,8 @@ class EncodeReply(betterproto.Message):
     grammar_error: str = betterproto.string_field(5)
     grammar: "GrammarSpec" = betterproto.message_field(6)
     """
-    The request's grammar as engines enforce it: its reasoning markers as token ids.
+    The request's grammar as engines enforce it, its reasoning markers as token ids;
+     set only when the grammar has reasoning markers (else: the request's as sent).
     """
 
 
