@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.machinery
+import importlib.util
 import os
 import shutil
 import sys
@@ -69,10 +71,14 @@ def unavailable_reason(extensions_dir: Path) -> str | None:
 @functools.cache
 def _load(extensions_dir: Path) -> ModuleType | None:
     build_dir = _build_dir(extensions_dir)
-    is_cached = any(build_dir.glob(f"{NAME}*.so"))
-    if not is_cached:
-        log.info(f"compiling CPU kernels (one-time, ~{ESTIMATED_COMPILE_S} s)",
-                 build_dir=str(build_dir))
+    built = sorted(build_dir.glob(f"{NAME}*.so"))
+    if built:
+        try:
+            return _import_built(built[0])
+        except ImportError as e:   # half-written by a build in progress: wait for it below
+            log.info("CPU kernels not importable yet; building", error=str(e)[-200:])
+    log.info(f"compiling CPU kernels (one-time, ~{ESTIMATED_COMPILE_S} s)",
+             build_dir=str(build_dir))
     started = time.perf_counter()
     try:
         _ensure_ninja_on_path()
@@ -89,9 +95,22 @@ def _load(extensions_dir: Path) -> ModuleType | None:
         log.warning("CPU kernels unavailable, using the torch path (slower)",
                     error=f"{type(e).__name__}: {str(e)[-2000:]}")
         return None
-    if not is_cached:
-        log.info("compiled CPU kernels", seconds=round(time.perf_counter() - started, 1),
-                 vec_size=module.vec_size)
+    log.info("compiled CPU kernels", seconds=round(time.perf_counter() - started, 1),
+             vec_size=module.vec_size)
+    return module
+
+
+def _import_built(path: Path) -> ModuleType:
+    """The kernels built before, imported as they are.
+    NOTE: not through cpp_extension.load, which runs ninja, and ninja rebuilds (~45 s) when
+    the sources' paths or mtimes differ from the last build's: after a git checkout or pull,
+    or with a second checkout sharing the cache, though the folder's name already pins the
+    sources' contents, the flags, torch and the CPU."""
+    loader = importlib.machinery.ExtensionFileLoader(NAME, str(path))
+    spec = importlib.util.spec_from_file_location(NAME, path, loader=loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
     return module
 
 

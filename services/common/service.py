@@ -24,6 +24,7 @@ from services.common.bus import Bus, BusError
 from services.common.health import HealthServer
 from services.common.logs import configure_logging
 from services.common.settings import CommonSettings, public_view
+from services.common.startup import StartupPhases, process_age_s
 from services.common.subjects import Subjects
 from services.common.tasks import BackgroundTasks
 
@@ -44,6 +45,8 @@ class Service(ABC):
         self.health: HealthServer | None = None
         self.stopping = asyncio.Event()
         self.is_set_up = False
+        self.startup = StartupPhases()
+        """Start-up phases, said in the `ready` line; setup() may add its own."""
         self.background = BackgroundTasks(self.log)
         """Long-lived tasks of the service: cancelled after drain, before close()."""
 
@@ -86,21 +89,24 @@ class Service(ABC):
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
+        self.startup.add("interpreter and imports", process_age_s())
         self.log.info("starting", settings=public_view(self.settings))
         self.health = HealthServer(self.settings.health_host, self.settings.health_port,
                                    self.is_ready, self.registry)
         port = await self.health.start()
         self.log.info("health server listening", url=f"http://{self.settings.health_host}:{port}")
-        self.bus = await Bus.for_settings(self.settings, name=self.instance_id)
+        with self.startup.phase("NATS connect"):
+            self.bus = await Bus.for_settings(self.settings, name=self.instance_id)
         self.background.spawn(self._heartbeat_loop(), name="heartbeat")
         try:
-            setup = asyncio.create_task(self.setup())
+            setup = asyncio.create_task(self._timed_setup())
             stop = asyncio.create_task(self.stopping.wait())
             await asyncio.wait({setup, stop}, return_when=asyncio.FIRST_COMPLETED)
             if setup.done():
                 setup.result()  # re-raise a failed setup
                 self.is_set_up = True
-                self.log.info("ready")
+                self.log.info("ready", startup_s=round(process_age_s(), 2),
+                              phases=self.startup.as_log())
                 await stop
             else:
                 setup.cancel()
@@ -117,6 +123,14 @@ class Service(ABC):
             await self.bus.close()
             await self.health.stop()
             self.log.info("stopped")
+
+    async def _timed_setup(self) -> None:
+        """setup(), as one phase unless it named its own."""
+        named_before = len(self.startup.seconds)
+        started = time.perf_counter()
+        await self.setup()
+        if len(self.startup.seconds) == named_before:
+            self.startup.add("setup", time.perf_counter() - started)
 
     async def _heartbeat_loop(self) -> None:
         while True:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import transformers
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
@@ -28,9 +29,26 @@ def _template_text(template: str) -> str:
     return template
 
 
+# Tokenizer classes that are the tokenizer.json and nothing model-specific: loaded directly.
+_GENERIC_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def load_hf_tokenizer(hf_dir: Path) -> Any:
+    """The HF tokenizer of `hf_dir`.
+    NOTE: a generic class (what a converted GGUF has) is loaded as itself: AutoTokenizer
+    would first load the model's config class, which imports torch — 1.3 s of a tokenizer's
+    3 s (re)start. Model-specific classes still go through AutoTokenizer."""
+    config_path = hf_dir / "tokenizer_config.json"
+    if config_path.is_file():
+        name = json.loads(config_path.read_text()).get("tokenizer_class")
+        if name in _GENERIC_CLASSES:
+            return getattr(transformers, name).from_pretrained(hf_dir)
+    return AutoTokenizer.from_pretrained(hf_dir)
+
+
 class TextCodec:
     def __init__(self, hf_dir: Path, chat_template: str = "") -> None:
-        self.hf = AutoTokenizer.from_pretrained(hf_dir)
+        self.hf = load_hf_tokenizer(hf_dir)
         self.chat_template = _template_text(chat_template) or None
         model_template = self.chat_template or self.hf.chat_template or ""
         # NOTE: a template that never names `tools` would drop them silently: requests with

@@ -19,6 +19,7 @@ import torch
 from services.common import wire
 from services.common.metrics import GrammarMetrics
 from services.common.packing import unpack_int32
+from services.common.startup import StartupPhases
 from services.worker.attention import get_attention_backend_cls
 from services.worker.config import RunnerConfig, RunnerInfo
 from services.worker.cpu_runtime import configure_cpu_runtime
@@ -48,29 +49,34 @@ log = structlog.get_logger(__name__)
 
 
 class ModelRunner:
-    def __init__(self, config: RunnerConfig, grammar_metrics: GrammarMetrics | None = None):
+    def __init__(self, config: RunnerConfig, grammar_metrics: GrammarMetrics | None = None,
+                 startup: StartupPhases | None = None):
         self.config = config
+        startup = startup or StartupPhases()
         self.device = _resolve_device(config.device)
-        if self.device.type == "cpu":
-            configure_cpu_runtime(config.num_threads)
-        torch.manual_seed(config.seed)
-        self.model_config = model_config = ModelConfig.from_hf_dir(config.model_dir)
-        self.max_model_len = _max_model_len(config.max_model_len, model_config)
-        self.block_size = config.block_size
-        self.attn_backend = get_attention_backend_cls(config.attention_backend, self.device,
-                                                      config.kv_cache_dtype)(
-            model_config.num_attention_heads, model_config.num_key_value_heads,
-            model_config.head_dim, model_config.head_dim ** -0.5, config.block_size)
+        with startup.phase("runtime and kernels"):
+            if self.device.type == "cpu":
+                configure_cpu_runtime(config.num_threads)
+            torch.manual_seed(config.seed)
+            self.model_config = model_config = ModelConfig.from_hf_dir(config.model_dir)
+            self.max_model_len = _max_model_len(config.max_model_len, model_config)
+            self.block_size = config.block_size
+            self.attn_backend = get_attention_backend_cls(
+                config.attention_backend, self.device, config.kv_cache_dtype)(
+                model_config.num_attention_heads, model_config.num_key_value_heads,
+                model_config.head_dim, model_config.head_dim ** -0.5, config.block_size)
         self.kv_spec = KVCacheSpec(
             model_config.num_hidden_layers, model_config.num_key_value_heads,
             model_config.head_dim, config.block_size,
             kv_cache_dtype(config.kv_cache_dtype, config.torch_dtype))
         memory_before_load = (torch.cuda.mem_get_info(self.device)
                               if self.device.type == "cuda" else None)
-        self.model = self._load_model()
-        num_blocks = self._num_kv_blocks(memory_before_load)
-        self.kv_caches = allocate_kv_caches(self.kv_spec, num_blocks, self.device)
-        self.model.bind_kv_caches(self.kv_caches)
+        with startup.phase("weights"):
+            self.model = self._load_model()
+        with startup.phase("KV cache"):
+            num_blocks = self._num_kv_blocks(memory_before_load)
+            self.kv_caches = allocate_kv_caches(self.kv_spec, num_blocks, self.device)
+            self.model.bind_kv_caches(self.kv_caches)
         log_kv_cache_size(self.kv_spec, num_blocks, self.max_model_len)
         self.max_num_blocks_per_req = math.ceil(self.max_model_len / config.block_size)
         self.structured_outputs = StructuredOutputs(
@@ -87,7 +93,8 @@ class ModelRunner:
                 and self.attn_backend.name == "triton"):
             self.cuda_graphs = CudaGraphRunner(self.model, self.attn_backend, config.max_num_seqs,
                                                self.max_num_blocks_per_req, self.device)
-            self.cuda_graphs.capture()
+            with startup.phase("CUDA graphs"):
+                self.cuda_graphs.capture()
         self.info = RunnerInfo(num_blocks=num_blocks, block_size=config.block_size,
                                max_model_len=self.max_model_len,
                                vocab_size=model_config.vocab_size,

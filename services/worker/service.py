@@ -42,14 +42,16 @@ class WorkerService(Service):
         self._steps_in_flight = 0
 
     async def setup(self) -> None:
-        files = await asyncio.to_thread(resolve_model, self.settings.model)
+        with self.startup.phase("model files"):
+            files = await asyncio.to_thread(resolve_model, self.settings.model)
         self.log.info("loading model", model=str(files.source), dtype=self.settings.dtype)
         loop = asyncio.get_running_loop()
         self.runner = await loop.run_in_executor(
             self._executor, partial(ModelRunner, self._runner_config(files.hf_dir),
-                                    GrammarMetrics(self.registry)))
-        self.runner.kv_connector = self._kv_connector(self.runner)
-        self.runner.structured_outputs.warm()   # the first grammar must not wait for it
+                                    GrammarMetrics(self.registry), self.startup))
+        with self.startup.phase("KV connector and grammar warm-up"):
+            self.runner.kv_connector = self._kv_connector(self.runner)
+            self.runner.structured_outputs.warm()   # the first grammar must not wait for it
         self._served_name = self.settings.served_model_name or files.served_name
         bus = self.connected_bus
         await bus.serve(self.subjects.worker_step(self.settings.engine_id), wire.StepInput,

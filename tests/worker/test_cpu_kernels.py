@@ -97,3 +97,25 @@ def test_rotary_kernel_equals_the_torch_rotation(dtype: torch.dtype) -> None:
     view = qk.clone()[:, :9]                  # rotated in place through a strided view
     got = fused.apply(view, cos, sin)
     assert torch.equal(got, want[:, :9])
+
+
+def test_built_kernels_load_without_running_the_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A restart must not hand the kernels to ninja, which rebuilds (~45 s) whenever the
+    # sources' paths or mtimes changed (a git pull) though their contents did not.
+    from torch.utils import cpp_extension
+
+    from kernels import cpu_ops
+    from services.worker.cpu_runtime import cpu_kernels_dir
+
+    require_cpu_ops()   # built once
+
+    def no_build(*_: object, **__: object) -> None:
+        raise AssertionError("the build ran for kernels already built")
+
+    monkeypatch.setattr(cpp_extension, "load", no_build)
+    cpu_ops._load.cache_clear()
+    try:
+        ops = cpu_ops.load(cpu_kernels_dir())
+        assert ops is not None and ops.vec_size > 0
+    finally:
+        cpu_ops._load.cache_clear()

@@ -69,3 +69,15 @@ def test_allocated_caches_are_zeroed_views_of_one_region() -> None:
                 for c in (cache.key, cache.value)}
     assert len(storages) == 1
     assert not caches[1].value.float().any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn])
+def test_cpu_caches_are_aligned_writable_zeros_in_every_dtype(dtype: torch.dtype) -> None:
+    # Lazily zeroed pages (not written up front): still zeros, 64-byte aligned, writable.
+    spec = KVCacheSpec(num_layers=2, num_kv_heads=2, head_dim=8, block_size=4, dtype=dtype)
+    caches = allocate_kv_caches(spec, 7, torch.device("cpu"))
+    assert all(c.key.dtype == dtype and c.key.shape == (7, 4, 2, 8) for c in caches)
+    assert caches[0].key.data_ptr() % 64 == 0
+    assert not any(t.float().any() for c in caches for t in (c.key, c.value))
+    caches[1].value[3].fill_(1.0)
+    assert caches[1].value.float().sum() == 4 * 2 * 8 and not caches[1].key.float().any()

@@ -22,6 +22,8 @@ log = structlog.get_logger(__name__)
 # NOTE: measured (2 cores, AVX2) on SmolLM2's MLPs: 2.7x faster than oneDNN at 1 row, 1.5x
 # at 8, even at 16, 0.76x at 32 (the expansion's extra work outweighs the bytes saved).
 QUANTIZED_MAX_ROWS = 12
+# Rows of each matrix whose GGUF blocks are checked against the loaded weight.
+_SAMPLE_ROWS = 64
 
 
 class Linear:
@@ -108,12 +110,20 @@ class Linear:
 
 def _same_values(quantized: QuantizedMatrix | None, weight: torch.Tensor,
                  kernels: ModuleType | None) -> bool:
-    """Whether the blocks expand to `weight` bit for bit (and a kernel can read them)."""
+    """Whether the blocks expand to `weight` bit for bit (and a kernel can read them),
+    checked on a strided sample of rows.
+    NOTE: a sample, not every row: both come from one GGUF through two dequantizers, so a
+    difference would be systematic (a format read another way), and expanding every row of
+    every matrix took 2.7 s of a 6 s model load, at every worker (re)start."""
     if (quantized is None or kernels is None or weight.dtype != torch.float32
             or weight.device.type != "cpu" or quantized.shape != tuple(weight.shape)
             or quantized.shape[0] % 2 or not kernels.quant_linear_supported()):
         return False
-    if torch.equal(quantized.dequantize().view(torch.int32), weight.view(torch.int32)):
+    num_rows = weight.shape[0]
+    sample = torch.unique(torch.cat([torch.arange(0, num_rows, max(1, num_rows // _SAMPLE_ROWS)),
+                                     torch.tensor([num_rows - 1])]))
+    expanded = quantized.rows(sample).dequantize()
+    if torch.equal(expanded.view(torch.int32), weight[sample].view(torch.int32)):
         return True
     log.warning("GGUF blocks differ from the loaded weight; that linear stays dense",
                 shape=list(weight.shape))
@@ -125,15 +135,26 @@ def _try_prepack(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tenso
     try:
         # NOTE: the batch-size hint only tunes the packing; any batch size works with it.
         packed = torch.ops.mkldnn._reorder_linear_weight(weight, 8)
-        probe = torch.randn(2, weight.shape[1], dtype=weight.dtype)
-        got = torch.ops.mkldnn._linear_pointwise(probe, packed, bias, "none", [], "")
-        want = F.linear(probe, weight, bias)
-        if not torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2):
-            raise RuntimeError("prepacked linear disagrees with F.linear")
+        _check_prepacked(tuple(weight.shape), weight.dtype, bias is not None)
         return packed
     except (RuntimeError, AttributeError) as e:
         _log_once(f"oneDNN cannot pack {weight.dtype} weights here ({e})")
         return None
+
+
+@functools.cache
+def _check_prepacked(shape: tuple[int, int], dtype: torch.dtype, has_bias: bool) -> None:
+    """Raises unless a prepacked linear of this shape and dtype computes what F.linear does.
+    NOTE: once per shape, on random values: a model has a handful of shapes but ~200
+    linears, and probing each took ~1 s of every worker start."""
+    weight = torch.randn(shape, dtype=dtype)
+    bias = torch.randn(shape[0], dtype=dtype) if has_bias else None
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, 8)
+    probe = torch.randn(2, shape[1], dtype=dtype)
+    got = torch.ops.mkldnn._linear_pointwise(probe, packed, bias, "none", [], "")
+    want = F.linear(probe, weight, bias)
+    if not torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2):
+        raise RuntimeError("prepacked linear disagrees with F.linear")
 
 
 @functools.cache

@@ -47,6 +47,12 @@ class QuantizedMatrix:
         q = self.quants.view(torch.int8).view(n, num_blocks, BLOCK).float()
         return (self.scales[:, :, None] * q).reshape(n, -1)
 
+    def rows(self, index: torch.Tensor) -> QuantizedMatrix:
+        """The matrix of the rows `index` of this one."""
+        return QuantizedMatrix(self.scales[index],
+                               self.mins[index] if self.mins.numel() else self.mins,
+                               self.quants[index])
+
     @staticmethod
     def cat(parts: list[QuantizedMatrix]) -> QuantizedMatrix:
         return QuantizedMatrix(*(torch.cat(ts) for ts in zip(
