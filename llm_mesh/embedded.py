@@ -98,23 +98,14 @@ class EmbeddedNats:
         return self._dir / "nats-server.log"
 
     def stop(self) -> None:
-        self._stop_process()
+        _stop(self.process)
         shutil.rmtree(self._dir, ignore_errors=True)
 
     def restart(self, timeout_s: float = 10.0) -> None:
         """Stops the server and starts it again on the same port, keeping its JetStream
         data: connected clients see it go away and come back."""
-        self._stop_process()
+        _stop(self.process)
         self.start(timeout_s)
-
-    def _stop_process(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
 
     def __enter__(self) -> EmbeddedNats:
         return self.start()

@@ -3,8 +3,10 @@
 Starts an embedded nats-server unless --nats-url names one, and (with the KV connector on,
 the default) an embedded Redis-protocol server unless --redis-url names one; prepares the
 model once (a GGUF is converted on first use), starts tokenizer, scheduler, worker, gateway,
-the batch runner and a kvstore node as child processes, restarts a child that crashes, and on
-Ctrl-C / SIGTERM stops them all, gateway first, leaving no process behind.
+the batch runner and a kvstore node as child processes, and supervises them all: a child that
+exits is restarted (an embedded server on its port, NATS with its JetStream store), one that
+stops answering its liveness probe (llm_mesh/liveness.py) is killed first. On Ctrl-C /
+SIGTERM it stops them all, gateway first, leaving no process behind.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -29,6 +32,7 @@ import structlog
 
 from llm_mesh.cli import SERVICE_MODULES
 from llm_mesh.embedded import EmbeddedNats, EmbeddedRedis, free_port
+from llm_mesh.liveness import Liveness, Probe, http_probe, nats_probe, redis_probe
 from services.batch.settings import BatchSettings
 from services.common.logs import configure_logging
 from services.common.model_files import resolve_model
@@ -63,6 +67,11 @@ class UpSettings:
                              "buckets instead of starting one "
                              "(redis://:password@host:port/0)", secret=True)
     startup_timeout_s: float = setting(600.0, "Longest to wait for the mesh to be ready")
+    liveness_timeout_s: float = setting(
+        10.0, "Seconds a service or embedded server may leave its liveness probe (/health, "
+        "NATS INFO, Redis PING; one a second) unanswered before it counts as hung (SIGSTOP, "
+        "a deadlock) and is killed and restarted like a crash; one not answered yet since "
+        "its start gets --startup-timeout-s unless it is stopped. 0: off")
     services_nice: int = setting(
         10, "Niceness of every service but the worker (0-19; 0: as the launcher). The "
         "worker's threads then preempt the per-token work of the others, which would stall "
@@ -105,31 +114,56 @@ def service_argv(service: str, explicit: dict[str, Any]) -> tuple[list[str], dic
 
 @dataclass
 class Child:
+    """A process the launcher keeps running, a service or an embedded server: started again
+    when it exits, killed first when its liveness probe finds it hung."""
     name: str
-    argv: list[str]
-    health_port: int
-    env: dict[str, str] = field(default_factory=dict)   # secrets, as LLM_MESH_* variables
-    nice: int = 0                                        # added to the launcher's niceness
+    launch: Callable[[], subprocess.Popen]
+    liveness: Liveness | None = None        # None: --liveness-timeout-s 0
     process: subprocess.Popen | None = None
     restarts: list[float] = field(default_factory=list)
 
     def start(self) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", SERVICE_MODULES[self.name], *self.argv,
-             "--health-port", str(self.health_port)], env={**os.environ, **self.env},
-            start_new_session=True, preexec_fn=partial(_prepare_child, self.nice))
+        self.process = self.launch()
+        if self.liveness is not None:
+            self.liveness.restarted(self.process.pid)
 
     def exited(self) -> int | None:
         return None if self.process is None else self.process.poll()
 
 
+def _launch_service(name: str, argv: list[str], health_port: int, env: dict[str, str],
+                    nice: int) -> subprocess.Popen:
+    """`env`: the secrets, as LLM_MESH_* variables; `nice`: added to the launcher's."""
+    return subprocess.Popen(
+        [sys.executable, "-m", SERVICE_MODULES[name], *argv, "--health-port", str(health_port)],
+        env={**os.environ, **env}, start_new_session=True,
+        preexec_fn=partial(_prepare_child, nice))
+
+
+def _launch_server(server: EmbeddedNats | EmbeddedRedis) -> subprocess.Popen:
+    """(Re)starts an embedded server on its port; NATS keeps its JetStream store."""
+    process = server.start().process
+    assert process is not None
+    return process
+
+
+def _libc_prctl() -> Callable[..., int] | None:
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except OSError:   # not glibc Linux: children outlive a killed launcher
+        return None
+
+
+# NOTE: looked up here, not in the forked child: dlopen there could deadlock on the loader's
+# lock if a liveness probe thread held it at the fork.
+_PRCTL = _libc_prctl()
+
+
 def _prepare_child(nice: int) -> None:
     """In the child before it runs: SIGTERM if the launcher itself is killed (Linux
     PR_SET_PDEATHSIG), and its niceness."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
-    except OSError:
-        pass
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGTERM)
     if nice:
         os.nice(nice)
 
@@ -141,7 +175,12 @@ class Mesh:
                                 if k in {f.name for f in dataclasses.fields(UpSettings)}})
         self.nats: EmbeddedNats | None = None
         self.redis: EmbeddedRedis | None = None
-        self.children: list[Child] = []
+        self.servers: list[Child] = []      # the embedded servers, stopped last
+        self.children: list[Child] = []     # the services, in SERVICES order
+        # NOTE: a probe waits on the network; two threads per child keep a late one (and
+        # one still out for a killed process) from delaying the next child's.
+        self._probe_pool = ThreadPoolExecutor(2 * (len(SERVICES) + 2),
+                                              thread_name_prefix="liveness")
         self._stopping = False
 
     def run(self) -> int:
@@ -161,29 +200,41 @@ class Mesh:
             log.info("stopping the mesh", signal=signal.Signals(signum).name)
         self._stopping = True
 
+    def _child(self, name: str, launch: Callable[[], subprocess.Popen], probe: Probe) -> Child:
+        liveness = None
+        if self.up.liveness_timeout_s > 0:
+            liveness = Liveness(probe, self._probe_pool, self.up.liveness_timeout_s,
+                                grace_s=self.up.startup_timeout_s)
+        child = Child(name, launch, liveness)
+        child.start()
+        return child
+
     def _start(self) -> None:
         nats_url = self.up.nats_url
         if not nats_url:
-            self.nats = EmbeddedNats().start()
+            self.nats = EmbeddedNats()
+            self.servers.append(self._child("nats-server", partial(_launch_server, self.nats),
+                                            nats_probe(self.nats.host, self.nats.port)))
             nats_url = self.nats.url
             log.info("embedded NATS started", url=nats_url)
         redis_env = self._start_redis()
+        health_host = _loopback(self.explicit.get("health_host", "127.0.0.1"))
         # Convert the model once here, so the services don't race to do it.
         files = resolve_model(self.explicit.get("model", ""))
         log.info("model ready", model=files.served_name, files=str(files.hf_dir))
-        for name in SERVICES:
+        for name, settings_class in SERVICES.items():
             if name == "kvstore" and not self.explicit.get("enable_kv_connector", True):
                 continue
             argv, env = service_argv(name, self.explicit)
             env[env_name("nats_url")] = nats_url
-            if "redis_url" in {f.name for f in dataclasses.fields(SERVICES[name])}:
+            if "redis_url" in {f.name for f in dataclasses.fields(settings_class)}:
                 env.update(redis_env)
-            child = Child(name, argv, free_port(), env,
-                          nice=0 if name == "worker" else self.up.services_nice)
-            child.start()
+            port, nice = free_port(), 0 if name == "worker" else self.up.services_nice
+            child = self._child(name, partial(_launch_service, name, argv, port, env, nice),
+                                http_probe(health_host, port))
             self.children.append(child)
-            log.info("started service", service=name, pid=child.process.pid, nice=child.nice,
-                     health=f"http://127.0.0.1:{child.health_port}/ready")
+            log.info("started service", service=name, pid=child.process.pid, nice=nice,
+                     health=f"http://{health_host}:{port}/ready")
 
     def _start_redis(self) -> dict[str, str]:
         """The Redis URL for the services that use it: an embedded server unless the user
@@ -191,14 +242,15 @@ class Mesh:
         off."""
         if self.up.redis_url or not self.explicit.get("enable_kv_connector", True):
             return {}
-        self.redis = EmbeddedRedis().start()
+        self.redis = EmbeddedRedis()
+        self.servers.append(self._child("valkey-server", partial(_launch_server, self.redis),
+                                        redis_probe(self.redis.host, self.redis.port)))
         log.info("embedded Redis started", url=self.redis.url)
         return {env_name("redis_url"): self.redis.url}
 
     def _gateway_url(self) -> str:
-        host = self.explicit.get("host", GatewaySettings.host)
-        port = self.explicit.get("port", GatewaySettings.port)
-        return f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
+        host = _loopback(self.explicit.get("host", GatewaySettings.host))
+        return f"http://{host}:{self.explicit.get('port', GatewaySettings.port)}"
 
     def _wait_until_ready(self) -> bool:
         deadline = time.monotonic() + self.up.startup_timeout_s
@@ -228,19 +280,27 @@ class Mesh:
 
     def _supervise(self) -> None:
         while not self._stopping:
-            for child in self.children:
-                code = child.exited()
-                if code is None or self._stopping:
-                    continue
-                now = time.monotonic()
-                child.restarts = [t for t in child.restarts if now - t < 60] + [now]
-                if len(child.restarts) > _MAX_RESTARTS_PER_MINUTE:
-                    log.error("service keeps crashing; stopping the mesh", service=child.name)
-                    self._stopping = True
+            for child in [*self.servers, *self.children]:
+                if self._stopping:
                     break
-                log.warning("service exited; restarting it", service=child.name, code=code)
-                child.start()
+                _kill_if_hung(child)
+                code = child.exited()
+                if code is not None:
+                    self._restart(child, code)
             time.sleep(0.2)
+
+    def _restart(self, child: Child, code: int) -> None:
+        now = time.monotonic()
+        child.restarts = [t for t in child.restarts if now - t < 60] + [now]
+        if len(child.restarts) > _MAX_RESTARTS_PER_MINUTE:
+            log.error("service keeps crashing; stopping the mesh", service=child.name)
+            self._stopping = True
+            return
+        log.warning("service exited; restarting it", service=child.name, code=code)
+        try:
+            child.start()
+        except RuntimeError as exc:   # an embedded server exited at once: the next pass retries
+            log.error("service did not restart", service=child.name, error=str(exc))
 
     def stop(self) -> None:
         self._stopping = True
@@ -248,6 +308,7 @@ class Mesh:
             _terminate(child)
         for child in self.children:
             _reap(child)
+        self._probe_pool.shutdown(wait=False, cancel_futures=True)
         if self.nats is not None:
             self.nats.stop()
         if self.redis is not None:
@@ -255,9 +316,21 @@ class Mesh:
         log.info("mesh stopped")
 
 
+def _kill_if_hung(child: Child) -> None:
+    """SIGKILLs a child its liveness probe finds hung; the supervisor then restarts it."""
+    silent_s = child.liveness.silent_s() if child.liveness is not None else None
+    if silent_s is None or child.process is None or child.process.poll() is not None:
+        return
+    log.warning("service hung; killing it", service=child.name, pid=child.process.pid,
+                silent_s=round(silent_s, 1))
+    child.process.kill()
+    child.process.wait()
+
+
 def _terminate(child: Child) -> None:
     if child.process is not None and child.process.poll() is None:
         child.process.send_signal(signal.SIGTERM)
+        child.process.send_signal(signal.SIGCONT)   # a stopped child acts on it only then
 
 
 def _reap(child: Child, timeout_s: float = 40.0) -> None:
@@ -269,6 +342,11 @@ def _reap(child: Child, timeout_s: float = 40.0) -> None:
         log.warning("service did not stop in time; killing it", service=child.name)
         child.process.kill()
         child.process.wait()
+
+
+def _loopback(host: str) -> str:
+    """Where this machine reaches a server bound to `host` (0.0.0.0: any address)."""
+    return "127.0.0.1" if host in ("0.0.0.0", "") else host
 
 
 def _mesh_health(base_url: str) -> tuple[bool, str]:

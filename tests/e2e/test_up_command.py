@@ -12,29 +12,11 @@ from pathlib import Path
 import pytest
 
 from llm_mesh.embedded import free_port
+from tests.e2e.up_processes import children_of, service_of
 from tests.faults.streams import poll
 from tests.mesh import ENGINE_ARGS, REPO_ROOT, http_get, http_post
 
 pytestmark = pytest.mark.slow
-
-
-def children_of(pid: int) -> set[int]:
-    found = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            found.add(int(stat.parent.name))
-    return found
-
-
-def service_of(pid: int) -> str | None:
-    """The mesh service a process runs (`python -m services.<name>`), None for others."""
-    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    module = argv[argv.index(b"-m") + 1].decode() if b"-m" in argv else ""
-    return module.split(".")[1] if module.startswith("services.") else None
 
 
 def test_up_serves_then_stops_every_process(tmp_path: Path) -> None:
