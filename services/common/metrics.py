@@ -143,6 +143,9 @@ class GatewayMetrics:
             "llm_mesh:request_migrations", "Running requests whose engine or tokenizer was "
             "lost: moved (continued elsewhere) or failed (no live one took over)",
             ("outcome",), registry=registry)
+        self.request_stalls = Counter(
+            "llm_mesh:request_stalls", "Running requests the stall watchdog moved: no output "
+            "for --stall-timeout-s while their engine made no progress", registry=registry)
 
 
 class TokenizerMetrics:

@@ -47,6 +47,7 @@ class SchedulerService(Service):
         self._pending_aborts: dict[str, RequestStatus] = {}
         self._has_work = asyncio.Event()
         self._last_progress = time.monotonic()
+        self._num_steps = 0           # completed, for the heartbeat: gateways watch it move
         self._reset_worker_rows = True
         self._losses_in_a_row = 0     # worker losses with no step completed in between
         self.kv: KVConnectorRuntime | None = None   # kvstore loads / saves, KV events
@@ -81,7 +82,7 @@ class SchedulerService(Service):
 
     def fill_heartbeat(self, heartbeat: wire.Heartbeat) -> None:
         heartbeat.engine_id = self.engine_id
-        info = wire.EngineInfo(model=self._model_name(),
+        info = wire.EngineInfo(model=self._model_name(), num_steps=self._num_steps,
                                worker_ready=self.worker is not None and self.worker.is_ready)
         if self.worker is not None and self.worker.info is not None:
             info.max_model_len = self.worker.info.max_model_len
@@ -315,6 +316,7 @@ class SchedulerService(Service):
         outputs = self.scheduler.update_from_output(
             scheduler_output, decode_step_output(step_output))
         self._last_progress = time.monotonic()
+        self._num_steps += 1
         if self.kv is not None:
             outputs = self.kv.outputs_to_send(self.scheduler, outputs)
             self.kv.after_step(self.scheduler)

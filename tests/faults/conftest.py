@@ -21,6 +21,14 @@ PROMPTS = ["The history of the printing press", "A recipe for bread begins with"
            "The planets of the solar system are", "def quicksort(items):"]
 MAX_TOKENS = 40
 ENGINE_1 = ["--engine-id", "engine-1"]
+# The gateway's bounds (its defaults): a stream ends within STALL + MIGRATION (+ a second
+# or two) of its last progress, whatever hangs. The stall timeout must stay above a worker's
+# restart (~10-15 s on a loaded 2-core machine), or the watchdog, not the scheduler's
+# rejoin path, would resume a killed worker's requests (tests/faults/test_faults.py).
+STALL_TIMEOUT_S = 30.0
+MIGRATION_TIMEOUT_S = 30.0
+GATEWAY_ARGS = ["--migration-timeout-s", str(MIGRATION_TIMEOUT_S),
+                "--stall-timeout-s", str(STALL_TIMEOUT_S), "--sse-keepalive-s", "1"]
 # Fault tests print what clients saw and how long recovery took; collected here.
 REPORT: list[dict[str, Any]] = []
 
@@ -34,7 +42,7 @@ def fault_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
 
     try:
         with serving(Mesh(Path(tmp_path_factory.mktemp("faults")), namespace="faults",
-                          extra_args={"gateway": ["--migration-timeout-s", "30"]}),
+                          extra_args={"gateway": GATEWAY_ARGS}),
                      add_engine_1) as mesh:
             yield mesh
     finally:

@@ -1,6 +1,7 @@
 """Streaming clients for fault tests: several SSE streams in threads, each recording its
 text, how it ended (finish reason, an SSE error event, a broken connection) and when every
-chunk came, so a test can strike while they run and then say what each client saw."""
+chunk (and every `: keep-alive` comment) came, so a test can strike while they run and
+then say what each client saw."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ class StreamResult:
     done: bool = False                       # saw data: [DONE]
     started: float = field(default_factory=time.monotonic)
     chunk_times: list[float] = field(default_factory=list)
+    keepalive_times: list[float] = field(default_factory=list)   # SSE comment lines
     ended: float | None = None
 
     @property
@@ -40,8 +42,17 @@ class StreamResult:
 
     @property
     def longest_gap_s(self) -> float:
+        start, end = self.longest_gap()
+        return end - start
+
+    def longest_gap(self) -> tuple[float, float]:
+        """When the longest wait for a chunk began and ended."""
         times = [self.started, *self.chunk_times]
-        return max((b - a for a, b in zip(times, times[1:])), default=0.0)
+        return max(zip(times, times[1:]), key=lambda gap: gap[1] - gap[0],
+                   default=(self.started, self.started))
+
+    def keepalives_between(self, start: float, end: float) -> int:
+        return sum(1 for t in self.keepalive_times if start <= t <= end)
 
     def outcome(self) -> str:
         if self.completed:
@@ -67,6 +78,8 @@ def stream_completion(base_url: str, body: dict[str, Any], result: StreamResult,
                 result.error = response.json().get("error")
                 return result
             for line in response.iter_lines():
+                if line.startswith(":"):
+                    result.keepalive_times.append(time.monotonic())
                 if not line.startswith("data: "):
                     continue
                 payload = line[6:]

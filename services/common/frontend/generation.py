@@ -93,6 +93,8 @@ class GenerationRun:
     deadline_at: float | None = None              # monotonic; set from the plan's deadline
     _queue: asyncio.Queue[TextDelta] = field(default_factory=asyncio.Queue)
     _num_tokens: dict[int, int] = field(default_factory=dict)   # choice index -> tokens
+    _num_finished: int = 0                        # choices whose finish was handed out
+    _last_delta_at: float = field(default_factory=time.monotonic)
     _n: int = 1
 
     async def start(self, plan: GenerationPlan, tenant: Tenant | None = None) -> None:
@@ -254,30 +256,47 @@ class GenerationRun:
 
     async def deltas(self) -> AsyncIterator[TextDelta]:
         """Every choice's deltas, in arrival order, until all have finished."""
-        remaining = len(self.generations)
-        while remaining:
-            wait_s = self.request_timeout_s
-            if self.deadline_at is not None:
-                # NOTE: the engine ends the request at its deadline; this grace covers an
-                # engine that went silent, so the client hears by the deadline + grace.
-                wait_s = min(wait_s, self.deadline_at + DEADLINE_GRACE_S - time.monotonic())
-            try:
-                delta = await asyncio.wait_for(self._queue.get(), max(wait_s, 0.0))
-            except asyncio.TimeoutError:
-                if self.deadline_at is not None and time.monotonic() >= self.deadline_at:
-                    raise deadline_exceeded() from None
-                raise unavailable(f"no output for {self.request_timeout_s:.0f} s; the request "
-                                  f"was aborted", code="timeout") from None
-            self._account(delta)
-            if delta.finish is not None:
-                remaining -= 1
+        while self._num_finished < len(self.generations):
+            delta = await self._next_delta(0.0)
+            assert delta is not None
             yield delta
+
+    async def deltas_or_idle(self, idle_s: float) -> AsyncIterator[TextDelta | None]:
+        """As deltas(), and None each time none arrived for `idle_s` (0: never): the tick a
+        stream sends its keep-alives on."""
+        while self._num_finished < len(self.generations):
+            yield await self._next_delta(idle_s)
+
+    async def _next_delta(self, idle_s: float) -> TextDelta | None:
+        """The next delta of any choice, or None after `idle_s` (> 0) without one. Past
+        --request-timeout-s without one, or the deadline, it raises."""
+        wait_s = self._last_delta_at + self.request_timeout_s - time.monotonic()
+        if self.deadline_at is not None:
+            # NOTE: the engine ends the request at its deadline; this grace covers an
+            # engine that went silent, so the client hears by the deadline + grace.
+            wait_s = min(wait_s, self.deadline_at + DEADLINE_GRACE_S - time.monotonic())
+        is_tick = 0 < idle_s < wait_s
+        try:
+            # NOTE: a timed-out Queue.get() loses no item: the tick is safe to take.
+            delta = await asyncio.wait_for(self._queue.get(),
+                                           idle_s if is_tick else max(wait_s, 0.0))
+        except asyncio.TimeoutError:
+            if is_tick:
+                return None
+            if self.deadline_at is not None and time.monotonic() >= self.deadline_at:
+                raise deadline_exceeded() from None
+            raise unavailable(f"no output for {self.request_timeout_s:.0f} s; the request "
+                              f"was aborted", code="timeout") from None
+        self._last_delta_at = time.monotonic()
+        self._account(delta)
+        return delta
 
     def _account(self, delta: TextDelta) -> None:
         index = delta.index
         self._num_tokens[index] = self._num_tokens.get(index, 0) + delta.num_new_tokens
         self.timer.on_output(index, delta.num_new_tokens)
         if delta.finish is not None:
+            self._num_finished += 1
             generation = self.generations[index]
             self.timer.on_finished(index, generation.request_id, delta.finish,
                                    self._num_tokens[index], count_prompt=index % self._n == 0,

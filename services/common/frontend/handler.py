@@ -5,6 +5,7 @@ chunks, with usage as `stream_options` asks. A subclass says how its choices loo
 from __future__ import annotations
 
 import math
+import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar, Generic, TypeVar
@@ -20,6 +21,7 @@ from services.common.frontend.mesh_client import TextDelta
 from services.common.frontend.protocol import ChatCompletionRequest, CompletionRequest
 from services.common.frontend.responses import (
     SSE_DONE,
+    SSE_KEEPALIVE,
     ChoiceState,
     error_of,
     sse,
@@ -112,25 +114,39 @@ class GenerationHandler(ABC, Generic[Body, C]):
     async def _stream(self) -> AsyncIterator[bytes]:
         bind_request_id(self.run.request_id)
         choices = self._new_choices()
+        keepalive_s = self.ctx.settings.sse_keepalive_s
         try:
             for opening in self.opening_chunk_choices(len(choices)):
                 yield sse(self._chunk([opening]))
-            async for delta in self.run.deltas():
-                if (error := error_of(delta)) is not None:
+            last_sent = time.monotonic()
+            async for delta in self.run.deltas_or_idle(keepalive_s):
+                if delta is not None and (error := error_of(delta)) is not None:
                     yield sse(error.body())
                     break
-                choice = choices[delta.index]
-                self.add(choice, delta)
-                if (chunk_choice := self.chunk_choice(delta.index, choice, delta)) is None:
-                    continue
-                yield sse(self._chunk([chunk_choice], usage(self.run, choices)
-                                      if self._continuous_usage else None))
+                if delta is not None and (chunk := self._chunk_of(delta, choices)) is not None:
+                    yield chunk
+                    last_sent = time.monotonic()
+                elif delta is None or 0 < keepalive_s <= time.monotonic() - last_sent:
+                    # NOTE: a comment line, which SSE clients skip: proxies with idle
+                    # timeouts cut a stream quiet this long (a long prefill, a move).
+                    yield SSE_KEEPALIVE
+                    last_sent = time.monotonic()
             else:
                 if self._include_usage:
                     yield sse(self._chunk([], usage(self.run, choices)))
             yield SSE_DONE
         finally:
             await self.run.close()
+
+    def _chunk_of(self, delta: TextDelta, choices: list[C]) -> bytes | None:
+        """Adds `delta` to its choice; its SSE chunk, or None when it carries nothing a
+        client would see."""
+        choice = choices[delta.index]
+        self.add(choice, delta)
+        if (chunk_choice := self.chunk_choice(delta.index, choice, delta)) is None:
+            return None
+        return sse(self._chunk([chunk_choice], usage(self.run, choices)
+                               if self._continuous_usage else None))
 
     def _chunk(self, choices: list[dict[str, Any]],
                chunk_usage: dict[str, Any] | None = None) -> dict[str, Any]:

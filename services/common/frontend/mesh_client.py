@@ -54,6 +54,7 @@ class Generation:
     num_moves: int = 0
     moving: bool = False
     placed_at: float = field(default_factory=time.monotonic)
+    last_output_at: float = field(default_factory=time.monotonic)  # or placed, if later
     deadline_at: float | None = None            # monotonic: when the request must have ended
     placed_reconnects: dict[str, int] = field(default_factory=dict)  # instance -> its count
 
@@ -69,6 +70,7 @@ class MeshClient:
         self._tokenizer_timeout_s = tokenizer_timeout_s
         self._generations: dict[str, Generation] = {}
         self._reconnects: dict[str, int] = {}    # instance id -> NATS reconnects it reported
+        self._metrics = metrics
         self.migrator = Migrator(self, view, migration_timeout_s, metrics)
 
     async def start(self, tasks: BackgroundTasks) -> None:
@@ -138,7 +140,7 @@ class MeshClient:
         generation.request_id = request.request_id
         generation.engine_id, generation.scheduler_id = engine_id, engine.scheduler_id
         generation.tokenizer_id = request.tokenizer_id
-        generation.placed_at = time.monotonic()
+        generation.placed_at = generation.last_output_at = time.monotonic()
         generation.placed_reconnects = {i: self.reconnects_of(i) for i in
                                         (engine.scheduler_id, request.tokenizer_id)}
         self._generations[request.request_id] = generation
@@ -201,6 +203,23 @@ class MeshClient:
                 if instance.instance_id in (g.tokenizer_id, g.scheduler_id)]
         self.migrator.move(lost, f"the {instance.service} serving it stopped")
         return len(lost)
+
+    def move_stalled(self) -> int:
+        """The stall watchdog, run with the heartbeat sweep: moves each generation that had
+        no output for --stall-timeout-s while its engine made no progress (MeshView's rule),
+        to another engine if one is ready. With the move's own bound, a stream ends within
+        the stall timeout + --migration-timeout-s of its last progress, whatever hangs."""
+        stalled = [g for g in self._generations.values() if not g.moving
+                   and self._view.is_request_stalled(g.engine_id, g.last_output_at)]
+        now = self._view.clock()
+        for generation in stalled:
+            log.warning("request stalled; moving it", request_id=generation.request_id,
+                        engine=generation.engine_id,
+                        silent_s=round(now - generation.last_output_at, 1))
+            if self._metrics is not None:
+                self._metrics.request_stalls.inc()
+            self.migrator.move([generation], "engine stalled", stalled_engine=generation.engine_id)
+        return len(stalled)
 
     async def _on_heartbeat(self, beat: wire.Heartbeat) -> None:
         """An instance that reconnected to NATS may have lost messages of the generations
@@ -280,6 +299,7 @@ class MeshClient:
                 continue
             generation.output_token_ids += token_ids[offsets[i]:offsets[i] + counts[i]]
             generation.num_chars += len(texts[i])
+            generation.last_output_at = time.monotonic()
             generation.queue.put_nowait(TextDelta(generation.index, texts[i], counts[i], finish,
                                                   logprobs.get(request_id, [])))
             if finish is not None:

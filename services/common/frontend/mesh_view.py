@@ -1,10 +1,11 @@
 """What the gateway knows of the mesh, from heartbeats: which tokenizers and engines are
-alive and ready, which models they serve, and how loaded each engine is."""
+alive and ready, which models they serve, how loaded each engine is, and whether it still
+makes progress (its step count moves while it holds work)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from services.common import wire
@@ -21,6 +22,13 @@ class Instance:
     last_seen: float
     engine_id: str = ""
     engine: wire.EngineInfo | None = None
+    # A scheduler's: when its step count last moved, or it got work while idle. An engine
+    # holding work while this stands still is hung (a worker stuck in a step, say).
+    progress_at: float = 0.0
+
+    @property
+    def has_work(self) -> bool:
+        return self.engine is not None and self.engine.num_running + self.engine.num_waiting > 0
 
 
 @dataclass
@@ -34,6 +42,7 @@ class EngineView:
     kv_cache_usage: float
     in_flight_here: int = 0      # requests this gateway sent and that have not finished
     kv_role: str = ""            # "", both, producer (prefill engine) or consumer
+    is_stalled: bool = False     # holds work, no step for the stall timeout: picked last
 
     @property
     def load(self) -> float:
@@ -43,18 +52,25 @@ class EngineView:
 @dataclass
 class MeshView:
     stale_after_s: float
+    stall_after_s: float = 0.0   # the stall watchdog's timeout (0: off)
     instances: dict[str, Instance] = field(default_factory=dict)
     in_flight: dict[str, int] = field(default_factory=dict)   # engine id -> requests
     clock: Callable[[], float] = time.monotonic
 
     def on_heartbeat(self, beat: wire.Heartbeat) -> bool:
         """Records a heartbeat; True when it comes from an instance not seen before."""
-        is_new = beat.instance_id not in self.instances
-        self.instances[beat.instance_id] = Instance(
+        now = self.clock()
+        previous = self.instances.get(beat.instance_id)
+        instance = Instance(
             service=beat.service, instance_id=beat.instance_id, ready=beat.ready,
-            reason=beat.reason, last_seen=self.clock(), engine_id=beat.engine_id,
-            engine=beat.engine if beat.service == "scheduler" else None)
-        return is_new
+            reason=beat.reason, last_seen=now, engine_id=beat.engine_id,
+            engine=beat.engine if beat.service == "scheduler" else None, progress_at=now)
+        if (previous is not None and previous.engine is not None and previous.has_work
+                and instance.engine is not None
+                and instance.engine.num_steps == previous.engine.num_steps):
+            instance.progress_at = previous.progress_at   # busy, and not one step since
+        self.instances[beat.instance_id] = instance
+        return previous is None
 
     def sweep(self) -> list[Instance]:
         """Forgets instances whose heartbeat stopped; returns them."""
@@ -66,6 +82,35 @@ class MeshView:
 
     def is_alive(self, instance_id: str) -> bool:
         return instance_id in self.instances
+
+    def is_request_stalled(self, engine_id: str, last_output_at: float) -> bool:
+        """The stall watchdog's rule: a request with no output for the stall timeout is
+        stalled unless its engine, holding work with its worker ready, made progress in
+        that time. (A request queued behind others on a busy engine is not stalled; one on
+        an engine that is gone, idle or without its worker is.)"""
+        if self.stall_after_s <= 0:
+            return False
+        since = self.clock() - self.stall_after_s
+        if last_output_at > since:
+            return False
+        inst = self._scheduler_of(engine_id)
+        return not (inst is not None and inst.engine is not None and inst.engine.worker_ready
+                    and inst.has_work and inst.progress_at > since)
+
+    def has_progressed(self, engine_id: str, since: float) -> bool:
+        """Whether the engine stepped, or was seen idle, after `since` (a stalled engine
+        that did is not stuck any more)."""
+        inst = self._scheduler_of(engine_id)
+        return inst is not None and inst.progress_at > since
+
+    def is_stalled(self, instance: Instance) -> bool:
+        """An engine holding work that has not stepped for the stall timeout."""
+        return (self.stall_after_s > 0 and instance.has_work
+                and self.clock() - instance.progress_at >= self.stall_after_s)
+
+    def _scheduler_of(self, engine_id: str) -> Instance | None:
+        return next((i for i in self.instances.values()
+                     if i.service == "scheduler" and i.engine_id == engine_id), None)
 
     def ready_engines(self, model: str | None = None) -> list[EngineView]:
         engines = []
@@ -79,19 +124,21 @@ class MeshView:
                 engine_id=inst.engine_id, scheduler_id=inst.instance_id, model=info.model, max_model_len=info.max_model_len,
                 num_running=info.num_running, num_waiting=info.num_waiting,
                 kv_cache_usage=info.kv_cache_usage,
-                in_flight_here=self.in_flight.get(inst.engine_id, 0), kv_role=info.kv_role))
+                in_flight_here=self.in_flight.get(inst.engine_id, 0), kv_role=info.kv_role,
+                is_stalled=self.is_stalled(inst)))
         return engines
 
     def models(self) -> dict[str, int]:
         """Served model name -> its max_model_len, over ready engines."""
         return {e.model: e.max_model_len for e in self.ready_engines()}
 
-    def pick_engine(self, model: str) -> EngineView | None:
-        """The least-loaded ready engine serving `model`, prefill-only producers aside while
-        another engine can decode."""
-        engines = self.ready_engines(model)
+    def pick_engine(self, model: str, avoid: Collection[str] = ()) -> EngineView | None:
+        """The least-loaded ready engine serving `model` (none of `avoid`), prefill-only
+        producers aside while another engine can decode, stalled engines last."""
+        engines = [e for e in self.ready_engines(model) if e.engine_id not in avoid]
         decoders = [e for e in engines if e.kv_role != "producer"] or engines
-        return min(decoders, key=lambda e: (e.load, e.engine_id)) if decoders else None
+        return min(decoders, key=lambda e: (e.is_stalled, e.load, e.engine_id),
+                   default=None)
 
     def pick_prefill_engine(self, model: str) -> EngineView | None:
         """Prefill/decode disaggregation: the least-loaded ready producer, when a consumer is

@@ -9,7 +9,9 @@ The client's stream just continues: greedy output is what an undisturbed run giv
 
 Moves retry, every quarter second, while no engine or tokenizer is ready, for at most
 --migration-timeout-s; then the request ends with a retriable error (503 / an SSE error
-event). A request that asked for prompt logprobs is not moved (the continuation's prompt
+event). A request moved off a stalled engine (the stall watchdog, MeshClient.move_stalled)
+counts that engine as not ready until it steps again: it goes to another ready engine, or
+waits. A request that asked for prompt logprobs is not moved (the continuation's prompt
 differs) and ends with that error at once.
 """
 
@@ -47,17 +49,19 @@ class Migrator:
         self._metrics = metrics
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def move(self, generations: list[Generation], reason: str) -> None:
+    def move(self, generations: list[Generation], reason: str,
+             stalled_engine: str | None = None) -> None:
         """Starts moving each generation (one already moving is left to that move)."""
         for generation in generations:
             if generation.moving or generation.finished:
                 continue
             generation.moving = True
-            task = asyncio.create_task(self._move(generation, reason))
+            task = asyncio.create_task(self._move(generation, reason, stalled_engine))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _move(self, generation: Generation, reason: str) -> None:
+    async def _move(self, generation: Generation, reason: str,
+                    stalled_engine: str | None) -> None:
         old_id, old_engine = generation.request_id, generation.engine_id
         try:
             await self._client.detach(generation)
@@ -66,7 +70,7 @@ class Migrator:
                     generation, f"{reason}; the request asked for prompt logprobs, so it "
                                 f"cannot continue elsewhere: retry the request")
                 return
-            error = await self._place_until_deadline(generation)
+            error = await self._place_until_deadline(generation, stalled_engine)
             if error is not None:
                 self._count("failed")
                 self._client.finish_with_error(generation, f"{reason} and no replacement took "
@@ -82,15 +86,21 @@ class Migrator:
         finally:
             generation.moving = False
 
-    async def _place_until_deadline(self, generation: Generation) -> str | None:
+    async def _place_until_deadline(self, generation: Generation,
+                                    stalled_engine: str | None) -> str | None:
         """Places the continuation; None once it runs, else why it could not."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout_s
+        noticed = time.monotonic()
         while True:
             if generation.finished:
                 return None
+            # NOTE: not back onto the engine that hung while it holds work without a step
+            # (it still says ready): the request would only stall there again.
+            avoid = ([stalled_engine] if stalled_engine is not None
+                     and not self._view.has_progressed(stalled_engine, noticed) else [])
             try:
-                await self._place(generation)
+                await self._place(generation, avoid)
                 return None
             except (ApiError, BusError) as exc:
                 if isinstance(exc, ApiError) and exc.status != 503:
@@ -99,10 +109,10 @@ class Migrator:
                     return exc.message if isinstance(exc, ApiError) else str(exc)
             await asyncio.sleep(RETRY_INTERVAL_S)
 
-    async def _place(self, generation: Generation) -> None:
+    async def _place(self, generation: Generation, avoid: list[str]) -> None:
         first = generation.request
         assert first is not None and generation.detokenize is not None
-        engine = self._view.pick_engine(generation.model)
+        engine = self._view.pick_engine(generation.model, avoid)
         if engine is None:
             raise unavailable("no engine is ready", code="engine_unavailable")
         streamed = generation.output_token_ids

@@ -81,6 +81,7 @@ def sse(payload: dict[str, Any]) -> bytes:
 
 
 SSE_DONE = b"data: [DONE]\n\n"
+SSE_KEEPALIVE = b": keep-alive\n\n"
 
 
 async def until_disconnect(request: Request, work: Awaitable[T], run: GenerationRun) -> T:

@@ -1,6 +1,7 @@
 """What a service that serves OpenAI requests (the gateway, the batch runner) runs beside
 them: a view of the mesh kept from heartbeats, the mesh client, and a sweep that hands a
-lost instance's requests on (moved to live ones, or ended with a retriable error)."""
+lost instance's requests on (moved to live ones, or ended with a retriable error) and
+moves the requests of engines that hang (the stall watchdog)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ class FrontendRuntime:
         self.settings = settings
         self.metrics = metrics
         self.log = log
-        self.view = MeshView(stale_after_s=settings.instance_timeout_s)
+        self.view = MeshView(stale_after_s=settings.instance_timeout_s,
+                             stall_after_s=settings.stall_timeout_s)
         self.client: MeshClient | None = None
 
     async def start(self, bus: Bus, subjects: Subjects, instance_id: str,
@@ -52,3 +54,4 @@ class FrontendRuntime:
                 failed = client.fail_instance(instance)
                 self.log.warning("service instance gone", service=instance.service,
                                  instance=instance.instance_id, failed_requests=failed)
+            client.move_stalled()

@@ -39,6 +39,13 @@ class FrontendSettings(TenantSettings, CommonSettings):
     max_logprobs: int = setting(20, "Largest number of top logprobs accepted")
     max_stop_strings: int = setting(64, "Most stop strings one request may set")
     request_timeout_s: float = setting(600.0, "Longest a request may wait for its next token")
+    stall_timeout_s: float = setting(
+        30.0, "Stall watchdog: a running request with no output this long, while its engine "
+        "made no step progress (or is gone, or lost its worker), is moved to another engine "
+        "(0: off)")
+    sse_keepalive_s: float = setting(
+        15.0, "A stream with nothing to send this long gets an SSE comment line "
+        "(`: keep-alive`), so proxies with idle timeouts keep it open (0: off)")
     request_deadline_s: float = setting(
         0.0, "Longest a request may take from arrival to its last token (0: no deadline); a "
         "request may ask for less with the X-Request-Deadline-S header. Past it the engine "

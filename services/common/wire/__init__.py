@@ -151,6 +151,11 @@ class EngineInfo(betterproto.Message):
     prefix_cache_hits: int = betterproto.int64_field(11)
     num_preemptions: int = betterproto.int64_field(12)
     kv_role: str = betterproto.string_field(13)
+    num_steps: int = betterproto.int64_field(14)
+    """
+    Steps completed since the scheduler started: gateways see a hung engine (work held,
+     the count standing still) and move its silent requests (their stall watchdog).
+    """
 
 
 @dataclass(eq=False, repr=False)
