@@ -184,7 +184,10 @@ def strike(up: Up, name: str, sig: signal.Signals, replaced_within_s: float) -> 
     replaced_after_s = poll(lambda: up.pid_of(name) not in (None, old), replaced_within_s,
                             f"the launcher to replace {name} (pid {old})", interval_s=0.1)
     new = up.pid_of(name)
-    assert new is not None and argv_of(new) == argv   # the same port (and NATS's store)
+    assert new is not None
+    # The same port (and NATS's store). valkey-server retitles itself once it listens, so
+    # its command line settles to the old one's only then.
+    poll(lambda: argv_of(new) == argv, 15, f"{name} (pid {new}) to run as the old one did")
     assert not Path(f"/proc/{old}").exists()          # reaped, not left stopped
     poll(up.is_healthy, 180, f"/health to answer 200 after {name} came back", interval_s=0.2)
     poll(up.completes, 120, "a completion to succeed", interval_s=0.5)

@@ -5,6 +5,7 @@ request aborted and its KV blocks freed."""
 from __future__ import annotations
 
 import json
+import select
 import socket
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -129,6 +130,11 @@ def test_bodies_over_the_limit_answer_413(mesh: Mesh) -> None:
     assert_openai_error(response, 413)
 
 
+def answered(sock: socket.socket) -> bool:
+    """Whether the server has sent something (a response, or closed) on `sock`."""
+    return bool(select.select([sock], [], [], 0)[0])
+
+
 def test_clients_that_vanish_mid_request_free_their_blocks(mesh: Mesh) -> None:
     """Streaming and non-streaming clients close their sockets mid-generation: the gateway
     aborts their requests, and the engine's running gauge and KV usage return to zero."""
@@ -143,10 +149,13 @@ def test_clients_that_vanish_mid_request_free_their_blocks(mesh: Mesh) -> None:
                          b"Content-Type: application/json\r\n"
                          + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
             if stream:
-                sock.recv(4096)       # the response started: text is flowing
+                head = sock.recv(4096)       # the response started: text is flowing
+                assert head.startswith(b"HTTP/1.1 200"), head
             else:
-                poll(lambda: mesh.scheduler_metric("vllm:num_requests_running") >= 1, 60,
+                poll(lambda: answered(sock)
+                     or mesh.scheduler_metric("vllm:num_requests_running") >= 1, 60,
                      "the request to run")
+                assert not answered(sock), sock.recv(4096)   # it must still be running
         # Closed here, with the request still generating.
 
     with ThreadPoolExecutor(4) as pool:
