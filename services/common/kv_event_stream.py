@@ -15,7 +15,6 @@ import asyncio
 import time
 from collections.abc import Callable
 
-import betterproto
 import nats.js.errors as js_errors
 import structlog
 from nats.aio.msg import Msg
@@ -23,6 +22,7 @@ from nats.js import JetStreamContext, api
 
 from services.common import wire
 from services.common.bus import Bus, BusError
+from services.common.router import PrefixIndex
 from services.common.subjects import Subjects
 
 log = structlog.get_logger(__name__)
@@ -99,15 +99,18 @@ class KVEventPublisher:
 
 
 class KVEventSubscriber:
-    """Mirrors which blocks each publisher holds (publisher id -> block hashes)."""
+    """Mirrors which blocks each publisher holds into a PrefixIndex (publisher id -> blocks),
+    replaying the stream's window on start."""
 
-    def __init__(self, bus: Bus, subjects: Subjects, snapshot_timeout_s: float = 2.0) -> None:
+    def __init__(self, bus: Bus, subjects: Subjects, snapshot_timeout_s: float = 2.0,
+                 index: PrefixIndex | None = None) -> None:
         self._bus = bus
         self._subjects = subjects
         self._snapshot_timeout_s = snapshot_timeout_s
-        self.blocks: dict[str, set[bytes]] = {}
+        self.index = index if index is not None else PrefixIndex()
         self.last_seq: dict[str, int] = {}
         self.num_resyncs = 0
+        self.lag_s = 0.0      # how old the last batch applied was when it arrived
 
     async def start(self) -> None:
         js = self._bus.client.jetstream()
@@ -116,6 +119,11 @@ class KVEventSubscriber:
         # between the snapshot and the subscription can be missed.
         await js.subscribe(self._subjects.kv_events_all, cb=self._on_msg, ordered_consumer=True,
                            deliver_policy=api.DeliverPolicy.ALL)
+
+    def forget(self, publisher: str) -> None:
+        """The publisher left the mesh: its blocks are gone with it."""
+        self.index.remove_worker(publisher)
+        self.last_seq.pop(publisher, None)
 
     async def _on_msg(self, msg: Msg) -> None:
         try:
@@ -131,11 +139,12 @@ class KVEventSubscriber:
         if batch.seq != last + 1:
             # A gap, or a late start: the snapshot covers every batch up to its seq.
             if not await self.resync(publisher):
-                self.blocks[publisher] = set()   # publisher gone: keep what it sent last
+                self.index.clear_worker(publisher)   # publisher gone: hold nothing of it
             elif batch.seq <= self.last_seq[publisher]:
                 return
-        self._apply(publisher, batch.events)
+        self.index.apply(publisher, batch.events)
         self.last_seq[publisher] = batch.seq
+        self.lag_s = max(0.0, time.time() - batch.time)
 
     async def resync(self, publisher: str) -> bool:
         """Replaces the publisher's state with its snapshot; False if it did not answer."""
@@ -148,18 +157,7 @@ class KVEventSubscriber:
             log.info("KV event publisher did not answer a resync", publisher=publisher,
                      error=str(exc))
             return False
-        self.blocks[publisher] = set()
-        self._apply(publisher, snapshot.events)
+        self.index.clear_worker(publisher)
+        self.index.apply(publisher, snapshot.events)
         self.last_seq[publisher] = snapshot.seq
         return True
-
-    def _apply(self, publisher: str, events: list[wire.KvEvent]) -> None:
-        blocks = self.blocks.setdefault(publisher, set())
-        for event in events:
-            kind, payload = betterproto.which_one_of(event, "event")
-            if kind == "stored":
-                blocks.update(payload.block_hashes)
-            elif kind == "removed":
-                blocks.difference_update(payload.block_hashes)
-            elif kind == "cleared":
-                blocks.clear()

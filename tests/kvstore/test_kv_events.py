@@ -59,7 +59,7 @@ async def test_a_late_subscriber_replays_and_a_gap_resyncs_from_the_snapshot(bus
     subscriber = KVEventSubscriber(bus, SUBJECTS)
     await subscriber.start()        # after two batches: it replays them from the stream
     await until(lambda: subscriber.last_seq.get("engine-a") == 2)
-    assert subscriber.blocks["engine-a"] == {b"b", b"c"} and subscriber.num_resyncs == 0
+    assert subscriber.index.blocks_of("engine-a") == {b"b", b"c"} and subscriber.num_resyncs == 0
 
     # A batch lost on the way (NATS restarting, say): the publisher's state moves on, the
     # stream never carries it; the next batch shows the gap.
@@ -68,5 +68,5 @@ async def test_a_late_subscriber_replays_and_a_gap_resyncs_from_the_snapshot(bus
     publish(stored(b"d"))
     await until(lambda: subscriber.last_seq.get("engine-a") == 4)
     assert subscriber.num_resyncs == 1
-    assert subscriber.blocks["engine-a"] == held == {b"b", b"c", b"d", b"lost"}
+    assert subscriber.index.blocks_of("engine-a") == held == {b"b", b"c", b"d", b"lost"}
     await publisher.close()
