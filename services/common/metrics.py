@@ -146,6 +146,38 @@ class GatewayMetrics:
         self.request_stalls = Counter(
             "llm_mesh:request_stalls", "Running requests the stall watchdog moved: no output "
             "for --stall-timeout-s while their engine made no progress", registry=registry)
+        self.router = RouterMetrics(registry)
+
+
+class RouterMetrics:
+    """The engine router's decisions and what it knows (services/common/frontend/
+    engine_router.py)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.decisions = Counter(
+            "llm_mesh:router_decisions", "Requests routed, by why their engine was chosen: "
+            "kv_overlap, least_loaded, round_robin, session, session_spill", ("reason",),
+            registry=registry)
+        self.predicted_cached_tokens = Counter(
+            "llm_mesh:router_predicted_cached_tokens",
+            "Prompt tokens the router expected the chosen engine to hold", registry=registry)
+        self.actual_cached_tokens = Counter(
+            "llm_mesh:router_actual_cached_tokens",
+            "Prompt tokens the engines found cached, for the requests routed here",
+            registry=registry)
+        self.session_spills = Counter(
+            "llm_mesh:router_session_spills", "Session requests sent away from their engine "
+            "because it was past --router-session-busy-threshold", registry=registry)
+        self.index_blocks = Gauge("llm_mesh:router_index_blocks",
+                                  "Blocks in the router's prefix index", registry=registry)
+        self.sessions = Gauge("llm_mesh:router_sessions", "Sessions the router keeps",
+                              registry=registry)
+        self.event_lag = Gauge("llm_mesh:router_kv_event_lag_seconds",
+                               "Age of the last KV event batch when the router applied it",
+                               registry=registry)
+        self.resyncs = Counter("llm_mesh:router_kv_event_resyncs",
+                               "Snapshots the router asked publishers for (gaps, late starts)",
+                               registry=registry)
 
 
 class TokenizerMetrics:

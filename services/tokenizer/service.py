@@ -191,6 +191,7 @@ class TokenizerService(Service):
                 if reasons[i] == FinishReason.NONE:
                     orphans.append(request_id)
                 continue
+            state.engine_id = batch.engine_id   # the router names it after encoding
             if cached:
                 state.num_cached_tokens = cached[i]
             position = state.num_output_tokens

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.common.frontend.engine_router import EngineRouter
 from services.common.frontend.generation import GenerationRun, new_request_id
 from services.common.frontend.mesh_client import MeshClient
 from services.common.frontend.mesh_view import MeshView
@@ -18,8 +19,9 @@ class FrontendContext:
     client: MeshClient
     view: MeshView
     metrics: GatewayMetrics
+    router: EngineRouter | None = None
 
     def new_run(self, id_prefix: str, model: str) -> GenerationRun:
         request_id = new_request_id(id_prefix)
         return GenerationRun(self.client, self.view, request_id, self.settings.request_timeout_s,
-                             RequestTimer(self.metrics, model, request_id))
+                             RequestTimer(self.metrics, model, request_id), router=self.router)

@@ -15,6 +15,7 @@ import structlog
 from services.common import wire
 from services.common.frontend.auth import Tenant
 from services.common.frontend.disaggregation import as_prefill, prefill_remotely, prefill_request_id
+from services.common.frontend.engine_router import EngineRouter, Route
 from services.common.frontend.errors import (
     ApiError,
     context_length_exceeded,
@@ -71,6 +72,7 @@ class GenerationPlan:
     max_tokens_param: str = "max_tokens"
     grammar: GrammarRequest | None = None          # structured outputs
     deadline_s: float = 0.0                        # from arrival; 0: none
+    session_id: str = ""                           # prompt_cache_key or x-session-id
 
 
 def new_request_id(prefix: str) -> str:
@@ -84,7 +86,9 @@ class GenerationRun:
     request_id: str
     request_timeout_s: float
     timer: RequestTimer
+    router: EngineRouter | None = None
     engine: EngineView | None = None
+    route: Route | None = None                    # the router's decision, until prefill ends
     prefill_engine: EngineView | None = None      # P/D: a producer prefills each prompt first
     prompts: list[EncodedPrompt] = field(default_factory=list)
     generations: list[Generation] = field(default_factory=list)
@@ -98,26 +102,16 @@ class GenerationRun:
     _n: int = 1
 
     async def start(self, plan: GenerationPlan, tenant: Tenant | None = None) -> None:
-        """Encodes, checks and submits every choice. A tenant (the API key's) salts the
-        prefix cache and pays for prompt + max_tokens from its token bucket (429 if empty)."""
+        """Encodes, routes, checks and submits every choice. A tenant (the API key's) salts
+        the prefix cache and pays for prompt + max_tokens from its token bucket (429 if
+        empty)."""
         self._n = plan.n
         if plan.deadline_s > 0:
             self.deadline_at = self.started_at + plan.deadline_s
         if tenant is not None:
             plan.cache_salt = tenant.cache_salt(plan.cache_salt)
             self.timer.key_id = tenant.key_id
-        self.engine = self._pick_engine(plan.model)
-        # NOTE: counted as in flight on the engine from the pick, not only once submitted
-        # (after encoding): requests arriving together would all pick the same idle engine.
-        reserved = plan.n * len(plan.prompts)
-        self.view.track(self.engine.engine_id, +reserved)
-        try:
-            await self._encode_and_submit(plan, tenant)
-        finally:
-            self.view.track(self.engine.engine_id, -reserved)
-
-    async def _encode_and_submit(self, plan: GenerationPlan, tenant: Tenant | None) -> None:
-        assert self.engine is not None
+        self._candidates(plan.model)   # 404 / 503 before any tokenizer work
         self.prefill_engine = self.view.pick_prefill_engine(plan.model)
         started = time.perf_counter()
         encoded = await asyncio.gather(*(self._encode(plan, p, i)
@@ -129,6 +123,36 @@ class GenerationRun:
         if errors:
             await self._release_all()
             raise errors[0]
+        try:
+            self.engine = self._route(plan)
+        except ApiError:
+            await self._release_all()
+            raise
+        # NOTE: counted as in flight on the engine from the pick, not only once submitted:
+        # requests arriving together would all pick the same idle engine.
+        reserved = plan.n * len(plan.prompts)
+        self.view.track(self.engine.engine_id, +reserved)
+        try:
+            await self._submit_all(plan, tenant)
+        finally:
+            self.view.track(self.engine.engine_id, -reserved)
+
+    def _route(self, plan: GenerationPlan) -> EngineView:
+        """The engine for every choice (they share their prompts' blocks): by the router
+        from the first prompt's tokens, the least loaded without one."""
+        engines = self._candidates(plan.model)
+        if self.router is None:
+            engine = min(engines, key=lambda e: (e.load, e.engine_id))
+        else:
+            self.route = self.router.route(engines, unpack_int32(self.prompts[0].token_ids),
+                                           plan.cache_salt, plan.session_id)
+            engine = self.route.engine
+        for prompt in self.prompts:
+            if prompt.detokenize is not None:
+                prompt.detokenize.engine_id = engine.engine_id
+        return engine
+
+    async def _submit_all(self, plan: GenerationPlan, tenant: Tenant | None) -> None:
         try:
             requests = self._generate_requests(plan)
             if tenant is not None:
@@ -175,21 +199,20 @@ class GenerationRun:
                          code=exc.code, error=exc.message)
                 engine = min(others, key=lambda e: (e.load, e.engine_id))
 
-    def _pick_engine(self, model: str) -> EngineView:
-        engine = self.view.pick_engine(model)
-        if engine is not None:
-            return engine
-        models = self.view.models()
-        if models:
+    def _candidates(self, model: str) -> list[EngineView]:
+        engines = self.view.candidate_engines(model)
+        if engines:
+            return engines
+        if self.view.models():
             raise ApiError(404, f"The model `{model}` does not exist.", param="model",
                            code="model_not_found")
         raise unavailable("no engine is ready yet; retry shortly", code="engine_unavailable")
 
     async def _encode(self, plan: GenerationPlan, prompt: PromptInput,
                       prompt_index: int) -> EncodedPrompt:
-        assert self.engine is not None
         child_ids = [f"{self.request_id}-{prompt_index}-{i}" for i in range(plan.n)]
-        detokenize = plan.make_detokenize(self.engine.engine_id)
+        # The engine is chosen once the prompt's tokens are known (_route) and named then.
+        detokenize = plan.make_detokenize("")
         request = wire.EncodeRequest(
             add_generation_prompt=prompt.add_generation_prompt,
             continue_final_message=prompt.continue_final_message,
@@ -295,8 +318,11 @@ class GenerationRun:
         index = delta.index
         self._num_tokens[index] = self._num_tokens.get(index, 0) + delta.num_new_tokens
         self.timer.on_output(index, delta.num_new_tokens)
+        self._settle_route()
         if delta.finish is not None:
             self._num_finished += 1
+            if self.router is not None and index == 0:
+                self.router.observe_cached(delta.finish.num_cached_tokens)
             generation = self.generations[index]
             self.timer.on_finished(index, generation.request_id, delta.finish,
                                    self._num_tokens[index], count_prompt=index % self._n == 0,
@@ -309,8 +335,14 @@ class GenerationRun:
     def num_prompt_tokens(self) -> int:
         return sum(p.num_tokens for p in self.prompts)
 
+    def _settle_route(self) -> None:
+        if self.router is not None and self.route is not None:
+            self.router.settle(self.route)
+
     async def close(self) -> None:
         """Aborts every choice still running (client gone, error, timeout)."""
+        if self.router is not None and self.route is not None:
+            self.router.release(self.route, sum(self._num_tokens.values()))
         for generation in self.generations:
             if not generation.finished:
                 self.timer.on_aborted(generation.index, generation.request_id,

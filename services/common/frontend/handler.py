@@ -18,7 +18,11 @@ from services.common.frontend.context import FrontendContext
 from services.common.frontend.errors import invalid
 from services.common.frontend.generation import GenerationPlan
 from services.common.frontend.mesh_client import TextDelta
-from services.common.frontend.protocol import ChatCompletionRequest, CompletionRequest
+from services.common.frontend.protocol import (
+    MAX_SESSION_ID_CHARS,
+    ChatCompletionRequest,
+    CompletionRequest,
+)
 from services.common.frontend.responses import (
     SSE_DONE,
     SSE_KEEPALIVE,
@@ -87,6 +91,7 @@ class GenerationHandler(ABC, Generic[Body, C]):
         with request_log_context(self.run.request_id):
             plan = self.plan()
             plan.deadline_s = request_deadline_s(request, self.ctx.settings.request_deadline_s)
+            plan.session_id = session_id(request, self.body.prompt_cache_key)
             await self.run.start(plan, tenant_of(request))
             try:
                 await self.prepare()
@@ -161,6 +166,7 @@ class GenerationHandler(ABC, Generic[Body, C]):
 
 
 DEADLINE_HEADER = "x-request-deadline-s"
+SESSION_HEADER = "x-session-id"
 
 
 def request_deadline_s(request: Request, server_deadline_s: float) -> float:
@@ -178,3 +184,15 @@ def request_deadline_s(request: Request, server_deadline_s: float) -> float:
                       f"got {header!r}", param="X-Request-Deadline-S")
     return min(asked, server_deadline_s) if server_deadline_s > 0 else asked
 
+
+
+def session_id(request: Request, prompt_cache_key: str | None) -> str:
+    """The conversation a request belongs to, for the router: the prompt_cache_key body
+    field, else the X-Session-Id header ("": none)."""
+    if prompt_cache_key:
+        return prompt_cache_key
+    header = request.headers.get(SESSION_HEADER, "")
+    if len(header) > MAX_SESSION_ID_CHARS:
+        raise invalid(f"the {SESSION_HEADER} header is longer than {MAX_SESSION_ID_CHARS} "
+                      f"characters", param=SESSION_HEADER)
+    return header

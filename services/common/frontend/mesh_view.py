@@ -43,6 +43,9 @@ class EngineView:
     in_flight_here: int = 0      # requests this gateway sent and that have not finished
     kv_role: str = ""            # "", both, producer (prefill engine) or consumer
     is_stalled: bool = False     # holds work, no step for the stall timeout: picked last
+    block_size: int = 16
+    num_blocks: int = 0
+    num_waiting_tokens: int = 0  # prompt tokens queued, not yet prefilled
 
     @property
     def load(self) -> float:
@@ -121,11 +124,13 @@ class MeshView:
             if model is not None and info.model != model:
                 continue
             engines.append(EngineView(
-                engine_id=inst.engine_id, scheduler_id=inst.instance_id, model=info.model, max_model_len=info.max_model_len,
+                engine_id=inst.engine_id, scheduler_id=inst.instance_id, model=info.model,
+                max_model_len=info.max_model_len,
                 num_running=info.num_running, num_waiting=info.num_waiting,
                 kv_cache_usage=info.kv_cache_usage,
                 in_flight_here=self.in_flight.get(inst.engine_id, 0), kv_role=info.kv_role,
-                is_stalled=self.is_stalled(inst)))
+                is_stalled=self.is_stalled(inst), block_size=info.block_size or 16,
+                num_blocks=info.num_blocks, num_waiting_tokens=info.num_waiting_tokens))
         return engines
 
     def models(self) -> dict[str, int]:
@@ -133,12 +138,17 @@ class MeshView:
         return {e.model: e.max_model_len for e in self.ready_engines()}
 
     def pick_engine(self, model: str, avoid: Collection[str] = ()) -> EngineView | None:
-        """The least-loaded ready engine serving `model` (none of `avoid`), prefill-only
-        producers aside while another engine can decode, stalled engines last."""
+        """The least-loaded of candidate_engines()."""
+        return min(self.candidate_engines(model, avoid), key=lambda e: (e.load, e.engine_id),
+                   default=None)
+
+    def candidate_engines(self, model: str, avoid: Collection[str] = ()) -> list[EngineView]:
+        """The ready engines serving `model` a request may go to (none of `avoid`):
+        prefill-only producers aside while another engine can decode, stalled engines only
+        when every other one is."""
         engines = [e for e in self.ready_engines(model) if e.engine_id not in avoid]
         decoders = [e for e in engines if e.kv_role != "producer"] or engines
-        return min(decoders, key=lambda e: (e.is_stalled, e.load, e.engine_id),
-                   default=None)
+        return [e for e in decoders if not e.is_stalled] or decoders
 
     def pick_prefill_engine(self, model: str) -> EngineView | None:
         """Prefill/decode disaggregation: the least-loaded ready producer, when a consumer is

@@ -15,6 +15,7 @@ Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 Int32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
 TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
 Stop = str | list[str] | None
+MAX_SESSION_ID_CHARS = 256   # prompt_cache_key / x-session-id: the router keeps each one
 
 
 class StreamOptions(BaseModel):
@@ -94,6 +95,8 @@ class SamplingFields(BaseModel):
     user: str | None = None
     priority: Int32 = 0
     cache_salt: str | None = None
+    # OpenAI's name for a conversation's cache key: the router keeps it on one engine.
+    prompt_cache_key: str | None = Field(None, max_length=MAX_SESSION_ID_CHARS)
     prompt_logprobs: int | None = Field(None, ge=0, le=2**31 - 1)
     # Structured outputs (services/common/frontend/structured_outputs.py): OpenAI's field,
     # vLLM's, and vLLM's older guided_* spellings.

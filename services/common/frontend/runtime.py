@@ -1,7 +1,8 @@
 """What a service that serves OpenAI requests (the gateway, the batch runner) runs beside
-them: a view of the mesh kept from heartbeats, the mesh client, and a sweep that hands a
-lost instance's requests on (moved to live ones, or ended with a retriable error) and
-moves the requests of engines that hang (the stall watchdog)."""
+them: a view of the mesh kept from heartbeats, the mesh client, the engine router (fed by
+the KV events stream), and a sweep that hands a lost instance's requests on (moved to live
+ones, or ended with a retriable error) and moves the requests of engines that hang (the
+stall watchdog)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ from typing import Any
 from services.common import wire
 from services.common.bus import Bus
 from services.common.frontend.context import FrontendContext
+from services.common.frontend.engine_router import EngineRouter, RouterMode, SessionTable
 from services.common.frontend.mesh_client import MeshClient
-from services.common.frontend.mesh_view import MeshView
+from services.common.frontend.mesh_view import Instance, MeshView
 from services.common.frontend.settings import FrontendSettings
+from services.common.kv_event_stream import KVEventSubscriber
 from services.common.metrics import GatewayMetrics
+from services.common.router import ApproximateIndex, PrefixIndex
 from services.common.subjects import Subjects
 from services.common.tasks import BackgroundTasks
 
@@ -29,6 +33,15 @@ class FrontendRuntime:
         self.view = MeshView(stale_after_s=settings.instance_timeout_s,
                              stall_after_s=settings.stall_timeout_s)
         self.client: MeshClient | None = None
+        self.router = EngineRouter(
+            RouterMode(settings.router_mode), PrefixIndex(),
+            ApproximateIndex(settings.router_ttl_s), SessionTable(settings.router_session_ttl_s),
+            overlap_weight=settings.kv_overlap_score_weight,
+            temperature=settings.router_temperature,
+            session_busy_threshold=settings.router_session_busy_threshold,
+            hash_algo=settings.router_hash_algo, metrics=metrics.router)
+        self.events: KVEventSubscriber | None = None
+        self._num_resyncs = 0
 
     async def start(self, bus: Bus, subjects: Subjects, instance_id: str,
                     tasks: BackgroundTasks) -> FrontendContext:
@@ -39,12 +52,29 @@ class FrontendRuntime:
                                  metrics=self.metrics)
         await self.client.start(tasks)
         await bus.subscribe(subjects.heartbeat, wire.Heartbeat, self._on_heartbeat)
+        if self.router.mode is RouterMode.KV and self.settings.router_kv_events:
+            await self._follow_kv_events(bus, subjects)
         tasks.spawn(self._sweep_loop(self.client), name="sweep lost instances")
-        return FrontendContext(self.settings, self.client, self.view, self.metrics)
+        return FrontendContext(self.settings, self.client, self.view, self.metrics,
+                               self.router)
+
+    async def _follow_kv_events(self, bus: Bus, subjects: Subjects) -> None:
+        """Replays the KV events stream's window, then follows it: a restarted router routes
+        as before. Without JetStream the router predicts from its own decisions."""
+        events = KVEventSubscriber(bus, subjects, index=self.router.index)
+        try:
+            await events.start()
+        except Exception as exc:   # a NATS without JetStream, or one refusing the stream
+            self.log.warning("KV events unavailable; routing by predicted cache contents",
+                             error=str(exc) or type(exc).__name__)
+            return
+        self.events = events
 
     async def _on_heartbeat(self, beat: wire.Heartbeat) -> None:
         if self.view.on_heartbeat(beat):
             self.metrics.instances_started.labels(beat.service).inc()
+        if beat.service == "scheduler":
+            self.router.on_engine_heartbeat(beat.engine_id)
 
     async def _sweep_loop(self, client: MeshClient) -> None:
         while True:
@@ -54,4 +84,20 @@ class FrontendRuntime:
                 failed = client.fail_instance(instance)
                 self.log.warning("service instance gone", service=instance.service,
                                  instance=instance.instance_id, failed_requests=failed)
+                if instance.service == "scheduler":   # its KV pool went with it
+                    self._forget_engine(instance)
             client.move_stalled()
+            self._export_event_state()
+
+    def _forget_engine(self, scheduler: Instance) -> None:
+        if self.events is not None:
+            self.events.forget(scheduler.instance_id)
+        self.router.approximate.remove_worker(scheduler.engine_id)
+
+    def _export_event_state(self) -> None:
+        if self.events is None:
+            return
+        router_metrics = self.metrics.router
+        router_metrics.event_lag.set(self.events.lag_s)
+        router_metrics.resyncs.inc(self.events.num_resyncs - self._num_resyncs)
+        self._num_resyncs = self.events.num_resyncs

@@ -31,7 +31,35 @@ class TenantSettings:
 
 
 @dataclass
-class FrontendSettings(TenantSettings, CommonSettings):
+class RouterSettings:
+    """How the gateway picks an engine (services/common/frontend/engine_router.py)."""
+    router_mode: str = setting(
+        "kv", "kv: by the prompt blocks each engine holds against its load; least-loaded; "
+        "round-robin", choices=["kv", "least-loaded", "round-robin"])
+    kv_overlap_score_weight: float = setting(
+        1.0, "KV router: the weight of prefill blocks (those an engine would compute) against "
+        "its decode blocks in an engine's cost; higher favours cache hits over balance")
+    router_temperature: float = setting(
+        0.0, "KV router: 0 takes the cheapest engine; above 0 samples engines by "
+        "softmax(-cost / temperature), spreading load at some cost in hits")
+    router_kv_events: bool = setting(
+        True, "KV router: follow the KV events of engines that publish them (schedulers with "
+        "--enable-kv-events); off, or for engines that do not, predict what each holds from "
+        "the router's own decisions")
+    router_ttl_s: float = setting(
+        120.0, "KV router: how long a predicted block (no KV events) counts as held")
+    router_session_busy_threshold: float = setting(
+        0.9, "A session (prompt_cache_key or x-session-id) stays on its engine until that "
+        "engine's KV cache is this full (0..1); past it the request spills to another")
+    router_session_ttl_s: float = setting(
+        3600.0, "How long a session remembers its engine after its last request")
+    router_hash_algo: str = setting(
+        "sha256", "Block hash of the prefix index; must equal the schedulers' "
+        "--prefix-caching-hash-algo", choices=["sha256", "xxh3_128"])
+
+
+@dataclass
+class FrontendSettings(RouterSettings, TenantSettings, CommonSettings):
     migration_timeout_s: float = setting(
         30.0, "How long a request whose engine or tokenizer was lost may look for live ones "
         "to continue on, before it fails with a retriable 503")

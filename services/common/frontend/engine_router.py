@@ -1,0 +1,232 @@
+"""Which engine serves a request (issue 15): by what each engine holds in its KV cache,
+with conversations kept on the engine that holds them.
+
+Modes (`--router-mode`):
+  kv             the KV router: each prompt's block hashes are looked up in a prefix index,
+                 and the engine with the lowest cost (services/common/router/cost.py: prefill
+                 blocks it would not have to compute, against its load) wins. An engine whose
+                 scheduler publishes KV events (`--enable-kv-events`) is known by what it
+                 holds, replayed from the durable JetStream stream on start; one that does
+                 not is predicted from this router's own decisions, for `--router-ttl-s`.
+  least-loaded   the fewest running + waiting + in-flight requests.
+  round-robin    each engine in turn.
+
+Sessions: a request naming a session (the `prompt_cache_key` body field, OpenAI's name, or
+an `x-session-id` header) goes where its session went last, unless that engine is past
+`--router-session-busy-threshold` of its KV cache: it then spills to the router's choice,
+which becomes the session's engine.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+
+from services.common.block_hash import BlockHasher
+from services.common.frontend.mesh_view import EngineView
+from services.common.metrics import RouterMetrics
+from services.common.router import ApproximateIndex, EngineLoad, PrefixIndex, RoutingCost
+
+MAX_SESSIONS = 100_000
+
+
+class RouterMode(str, Enum):
+    KV = "kv"
+    LEAST_LOADED = "least-loaded"
+    ROUND_ROBIN = "round-robin"
+
+
+@dataclass
+class Route:
+    """One routing decision, kept by the request until its prefill is done."""
+    engine: EngineView
+    reason: str                        # kv_overlap, least_loaded, round_robin, session, ...
+    num_predicted_cached_tokens: int = 0
+    num_pending_blocks: int = 0        # counted on the engine until the first token
+    num_prompt_blocks: int = 0
+    block_size: int = 16
+    settled: bool = field(default=False, repr=False)
+    released: bool = field(default=False, repr=False)
+
+
+class SessionTable:
+    """Session id -> the engine it last ran on; least recently used dropped past a bound,
+    entries older than the TTL ignored."""
+
+    def __init__(self, ttl_s: float, clock: Callable[[], float] = time.monotonic,
+                 max_entries: int = MAX_SESSIONS) -> None:
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._max_entries = max_entries
+        self._entries: OrderedDict[str, tuple[str, float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, session_id: str) -> str | None:
+        entry = self._entries.get(session_id)
+        if entry is None or self._clock() - entry[1] > self._ttl_s:
+            return None
+        return entry[0]
+
+    def bind(self, session_id: str, engine_id: str) -> None:
+        self._entries[session_id] = (engine_id, self._clock())
+        self._entries.move_to_end(session_id)
+        while len(self._entries) > self._max_entries:
+            self._entries.popitem(last=False)
+
+
+class EngineRouter:
+    def __init__(self, mode: RouterMode, index: PrefixIndex, approximate: ApproximateIndex,
+                 sessions: SessionTable, *, overlap_weight: float = 1.0,
+                 temperature: float = 0.0, session_busy_threshold: float = 0.9,
+                 hash_algo: str = "sha256", metrics: RouterMetrics | None = None) -> None:
+        self.mode = mode
+        self._overlap_weight = overlap_weight
+        self._temperature = temperature
+        self.index = index                  # publisher (scheduler instance) -> its blocks
+        self.approximate = approximate      # engine id -> blocks routed to it
+        self.sessions = sessions
+        self._busy_threshold = session_busy_threshold
+        self._hash_algo = hash_algo
+        self._hashers: dict[int, BlockHasher] = {}     # by block size, as engines report it
+        self._costs: dict[int, RoutingCost] = {}
+        self._pending_blocks: dict[str, int] = {}    # engine id -> prompts not yet prefilled
+        # engine id -> blocks of this router's requests that ended since the engine's last
+        # heartbeat, which still counts them (a turn that follows at once would see the
+        # engine it just left as busy).
+        self._released_blocks: dict[str, int] = {}
+        self._turn = itertools.count()
+        self._metrics = metrics
+
+    def route(self, engines: Sequence[EngineView], token_ids: np.ndarray, cache_salt: str = "",
+              session_id: str = "") -> Route:
+        """Picks one of `engines` (non-empty: the ready candidates) for a prompt."""
+        route = self._choose(engines, token_ids, cache_salt, session_id)
+        if session_id:
+            self.sessions.bind(session_id, route.engine.engine_id)
+        engine_id = route.engine.engine_id
+        self._pending_blocks[engine_id] = (self._pending_blocks.get(engine_id, 0)
+                                           + route.num_pending_blocks)
+        if self._metrics is not None:
+            self._metrics.decisions.labels(route.reason).inc()
+            self._metrics.predicted_cached_tokens.inc(route.num_predicted_cached_tokens)
+            self._metrics.index_blocks.set(self.index.num_blocks + self.approximate.num_blocks)
+            self._metrics.sessions.set(len(self.sessions))
+        return route
+
+    def settle(self, route: Route) -> None:
+        """The request's prefill is over (its first token came, or it ended): its blocks are
+        the engine's own load from now on, as its heartbeats say."""
+        if route.settled:
+            return
+        route.settled = True
+        engine_id = route.engine.engine_id
+        left = self._pending_blocks.get(engine_id, 0) - route.num_pending_blocks
+        if left > 0:
+            self._pending_blocks[engine_id] = left
+        else:
+            self._pending_blocks.pop(engine_id, None)
+
+    def release(self, route: Route, num_output_tokens: int) -> None:
+        """The request ended: its blocks leave the engine's load before its heartbeat says."""
+        self.settle(route)
+        if route.released:
+            return
+        route.released = True
+        engine_id = route.engine.engine_id
+        self._released_blocks[engine_id] = (
+            self._released_blocks.get(engine_id, 0) + route.num_prompt_blocks
+            + math.ceil(num_output_tokens / route.block_size))
+
+    def on_engine_heartbeat(self, engine_id: str) -> None:
+        """A fresh load report: what ended before it is no longer counted in it."""
+        self._released_blocks.pop(engine_id, None)
+
+    def observe_cached(self, num_cached_tokens: int) -> None:
+        """What the engine actually found cached, beside what the router predicted."""
+        if self._metrics is not None:
+            self._metrics.actual_cached_tokens.inc(num_cached_tokens)
+
+    def _choose(self, engines: Sequence[EngineView], token_ids: np.ndarray, cache_salt: str,
+                session_id: str) -> Route:
+        if session_id:
+            engine_id = self.sessions.get(session_id)
+            held = next((e for e in engines if e.engine_id == engine_id), None)
+            if held is not None:
+                if held.kv_cache_usage < self._busy_threshold:
+                    return self._kv_route(engines, token_ids, cache_salt, only=held,
+                                          reason="session")
+                if self._metrics is not None:
+                    self._metrics.session_spills.inc()
+                others = [e for e in engines if e is not held] or engines
+                route = self._choose(others, token_ids, cache_salt, "")
+                route.reason = "session_spill"
+                return route
+        if self.mode is RouterMode.ROUND_ROBIN:
+            ordered = sorted(engines, key=lambda e: e.engine_id)
+            return Route(ordered[next(self._turn) % len(ordered)], "round_robin")
+        if self.mode is RouterMode.LEAST_LOADED:
+            return Route(min(engines, key=lambda e: (e.load, e.engine_id)), "least_loaded")
+        return self._kv_route(engines, token_ids, cache_salt)
+
+    def _kv_route(self, engines: Sequence[EngineView], token_ids: np.ndarray, cache_salt: str,
+                  only: EngineView | None = None, reason: str = "") -> Route:
+        block_size = engines[0].block_size
+        hashes = self._hasher(block_size).hash_blocks(token_ids, cache_salt)
+        publishers = set(self.index.workers)
+        overlaps = self._overlaps(engines, hashes, publishers)
+        num_prompt_blocks = math.ceil(len(token_ids) / block_size)
+        if only is not None:
+            chosen, num_overlap = only, overlaps.get(only.engine_id, 0)
+        else:
+            decision = self._cost(block_size).choose(
+                num_prompt_blocks, {e.engine_id: self._load(e, publishers) for e in engines},
+                overlaps)
+            chosen = next(e for e in engines if e.engine_id == decision.engine_id)
+            num_overlap, reason = overlaps.get(chosen.engine_id, 0), decision.reason.value
+        if chosen.scheduler_id not in publishers:
+            self.approximate.record(chosen.engine_id, hashes)
+        return Route(chosen, reason, num_overlap * block_size,
+                     num_prompt_blocks - num_overlap, num_prompt_blocks, block_size)
+
+    def _overlaps(self, engines: Sequence[EngineView], hashes: list[bytes],
+                  publishers: set[str]) -> dict[str, int]:
+        """Engine id -> leading blocks held: from KV events where its scheduler publishes
+        them, else from this router's predictions."""
+        published = self.index.overlaps(hashes) if hashes else {}
+        predicted = self.approximate.overlaps(hashes) if hashes else {}
+        return {e.engine_id: (published.get(e.scheduler_id, 0) if e.scheduler_id in publishers
+                              else predicted.get(e.engine_id, 0)) for e in engines}
+
+    def _load(self, engine: EngineView, publishers: set[str]) -> EngineLoad:
+        block_size = max(engine.block_size, 1)
+        num_cached = (self.index.num_blocks_of(engine.scheduler_id)
+                      if engine.scheduler_id in publishers
+                      else self.approximate.num_blocks_of(engine.engine_id))
+        reported = round(engine.kv_cache_usage * engine.num_blocks)
+        return EngineLoad(
+            num_active_blocks=max(0, reported - self._released_blocks.get(engine.engine_id, 0)),
+            num_pending_prefill_blocks=(math.ceil(engine.num_waiting_tokens / block_size)
+                                        + self._pending_blocks.get(engine.engine_id, 0)),
+            num_cached_blocks=num_cached)
+
+    def _cost(self, block_size: int) -> RoutingCost:
+        cost = self._costs.get(block_size)
+        if cost is None:
+            cost = self._costs[block_size] = RoutingCost(block_size, self._overlap_weight,
+                                                         self._temperature)
+        return cost
+
+    def _hasher(self, block_size: int) -> BlockHasher:
+        hasher = self._hashers.get(block_size)
+        if hasher is None:
+            hasher = self._hashers[block_size] = BlockHasher(block_size, self._hash_algo)
+        return hasher

@@ -1,0 +1,141 @@
+"""The gateway's engine router on views of engines (no mesh): KV overlap from events and
+from its own predictions, cold prompts spread, pending prefills counted, sessions kept and
+spilled, and the plain modes."""
+
+from __future__ import annotations
+
+import numpy as np
+from prometheus_client import CollectorRegistry
+
+from services.common import wire
+from services.common.block_hash import BlockHasher
+from services.common.frontend.engine_router import EngineRouter, RouterMode, SessionTable
+from services.common.frontend.mesh_view import EngineView
+from services.common.metrics import RouterMetrics
+from services.common.router import ApproximateIndex, PrefixIndex
+
+BLOCK_SIZE = 16
+CLEARED = [wire.KvEvent(cleared=wire.AllBlocksCleared())]   # a scheduler's first batch
+
+
+def engine(engine_id: str, kv_cache_usage: float = 0.0, num_running: int = 0) -> EngineView:
+    return EngineView(engine_id=engine_id, scheduler_id=f"sched-{engine_id}", model="m",
+                      max_model_len=2048, num_running=num_running, num_waiting=0,
+                      kv_cache_usage=kv_cache_usage, block_size=BLOCK_SIZE, num_blocks=1000)
+
+
+def tokens(seed: int, count: int = 8 * BLOCK_SIZE) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 30_000, count, dtype=np.int32)
+
+
+def router(mode: RouterMode = RouterMode.KV, busy: float = 0.9,
+           metrics: RouterMetrics | None = None) -> EngineRouter:
+    return EngineRouter(mode, PrefixIndex(), ApproximateIndex(60.0), SessionTable(60.0),
+                        session_busy_threshold=busy, metrics=metrics)
+
+
+def stored(prompt: np.ndarray) -> list[wire.KvEvent]:
+    hashes = BlockHasher(BLOCK_SIZE).hash_blocks(prompt)
+    return [wire.KvEvent(stored=wire.BlockStored(block_hashes=hashes))]
+
+
+def test_a_prompt_goes_where_kv_events_say_its_prefix_is() -> None:
+    kv = router()
+    engines = [engine("e0"), engine("e1", kv_cache_usage=0.004)]   # 4 blocks busy
+    history = tokens(1)
+    kv.index.apply("sched-e1", stored(history))
+    kv.index.apply("sched-e0", stored(tokens(2)))
+    route = kv.route(engines, np.concatenate([history, tokens(3, 20)]))
+    assert route.engine.engine_id == "e1" and route.reason == "kv_overlap"
+    assert route.num_predicted_cached_tokens == len(history)
+    assert route.num_pending_blocks == 2     # 20 new tokens: two blocks to prefill
+
+
+def test_load_outweighs_a_small_overlap() -> None:
+    kv = router()
+    prompt = tokens(4)
+    kv.index.apply("sched-e0", stored(prompt[:BLOCK_SIZE]))
+    kv.index.apply("sched-e1", CLEARED)
+    busy, idle = engine("e0", kv_cache_usage=0.5), engine("e1")
+    assert kv.route([busy, idle], prompt).engine.engine_id == "e1"
+
+
+def test_without_events_the_router_predicts_from_its_own_choices() -> None:
+    kv = router()
+    engines = [engine("e0"), engine("e1")]
+    first, second = tokens(5), tokens(6)
+    # Cold prompts on idle engines: the emptier cache takes the next one.
+    assert kv.route(engines, first).engine.engine_id == "e0"
+    assert kv.route(engines, second).engine.engine_id == "e1"
+    follow_up = kv.route(engines, np.concatenate([second, tokens(7, 40)]))
+    assert follow_up.engine.engine_id == "e1" and follow_up.reason == "kv_overlap"
+    assert follow_up.num_predicted_cached_tokens == len(second)
+
+
+def test_prefills_in_flight_count_until_settled() -> None:
+    kv = router()
+    kv.index.apply("sched-e0", CLEARED)    # both publish events, neither holds anything yet
+    kv.index.apply("sched-e1", CLEARED)
+    engines = [engine("e0"), engine("e1")]
+    first = kv.route(engines, tokens(8))
+    second = kv.route(engines, tokens(9))
+    assert {first.engine.engine_id, second.engine.engine_id} == {"e0", "e1"}
+    kv.settle(first)
+    kv.settle(first)                   # settling twice changes nothing
+    kv.settle(second)
+    assert kv.route(engines, tokens(10)).engine.engine_id == "e0"
+
+
+def test_a_session_sticks_then_spills_past_the_busy_threshold() -> None:
+    registry = CollectorRegistry()
+    kv = router(busy=0.5, metrics=RouterMetrics(registry))
+    engines = [engine("e0"), engine("e1")]
+    assert kv.route(engines, tokens(11), session_id="s").engine.engine_id == "e0"
+    # Unrelated text, an idle other engine: the session keeps its engine.
+    kept = kv.route([engine("e0", kv_cache_usage=0.4), engine("e1")], tokens(12),
+                    session_id="s")
+    assert kept.engine.engine_id == "e0" and kept.reason == "session"
+    spilled = kv.route([engine("e0", kv_cache_usage=0.6), engine("e1")], tokens(13),
+                       session_id="s")
+    assert spilled.engine.engine_id == "e1" and spilled.reason == "session_spill"
+    assert kv.sessions.get("s") == "e1"
+    assert registry.get_sample_value("llm_mesh:router_session_spills_total") == 1
+    assert registry.get_sample_value("llm_mesh:router_decisions_total",
+                                     {"reason": "session"}) == 1
+
+
+def test_least_loaded_and_round_robin_modes() -> None:
+    engines = [engine("e0", num_running=3), engine("e1"), engine("e2", num_running=1)]
+    least = router(RouterMode.LEAST_LOADED)
+    assert [least.route(engines, tokens(i)).engine.engine_id for i in range(2)] == ["e1"] * 2
+    turns = router(RouterMode.ROUND_ROBIN)
+    assert [turns.route(engines, tokens(i)).engine.engine_id
+            for i in range(4)] == ["e0", "e1", "e2", "e0"]
+
+
+def test_sessions_expire_and_stay_bounded() -> None:
+    now = [0.0]
+    table = SessionTable(ttl_s=10.0, clock=lambda: now[0], max_entries=2)
+    table.bind("a", "e0")
+    table.bind("b", "e1")
+    table.bind("c", "e0")
+    assert table.get("a") is None and len(table) == 2    # least recently used dropped
+    now[0] = 11.0
+    assert table.get("b") is None
+
+
+def test_a_request_that_ended_stops_counting_before_the_next_heartbeat() -> None:
+    kv = router()
+    history = tokens(14)                    # 8 blocks, held by e0
+    kv.index.apply("sched-e0", stored(history))
+    kv.index.apply("sched-e1", CLEARED)
+    follow_up = np.concatenate([history, tokens(15, 40)])   # 11 blocks, 8 of them on e0
+    # e0's last heartbeat still counts the turn that just ended there: 20 blocks.
+    stale = [engine("e0", kv_cache_usage=0.02), engine("e1")]
+    kv.settle(before := kv.route(stale, follow_up))
+    assert before.engine.engine_id == "e1"                         # 3 + 20 > 11
+    ended = kv.route([engine("e0"), engine("e1")], history)
+    kv.release(ended, num_output_tokens=12 * BLOCK_SIZE)           # 8 + 12 blocks
+    assert kv.route(stale, follow_up).engine.engine_id == "e0"     # 3 + 0 < 11
+    kv.on_engine_heartbeat("e0")                                   # a report that counts it
+    assert kv.route(stale, follow_up).engine.engine_id == "e1"

@@ -1,0 +1,160 @@
+"""Cache-aware routing on a real mesh of two engines publishing KV events: a conversation's
+later turns land on the engine holding its history (the engine reports the cached tokens),
+a restarted gateway replays the events and routes the same, a session sticks to its engine,
+and spills to the other past the busy threshold (a second gateway set to spill at once)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import openai
+import pytest
+
+from llm_mesh.embedded import free_port
+from tests.faults.streams import poll
+from tests.mesh import Mesh, http_get, metric_value, serving
+
+pytestmark = pytest.mark.slow
+
+MODEL = "SmolLM2-135M-Instruct"
+BLOCK_SIZE = 16
+EVENTS = ["--enable-kv-events"]
+SCHEDULERS = ("scheduler", "scheduler-engine-1")
+TOPICS = ["the history of the printing press", "how bread rises",
+          "why the sky is blue", "the rules of chess"]
+
+
+@dataclass
+class RouterMesh:
+    mesh: Mesh
+    spill_url: str    # a second gateway whose sessions spill at once (any KV use is busy)
+
+
+@pytest.fixture(scope="module")
+def router_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterMesh]:
+    spill_port = free_port()
+
+    def add_engine_and_gateway(mesh: Mesh) -> None:
+        mesh.add_engine("engine-1", scheduler_args=EVENTS)
+        mesh.add_service("gateway-spill", ["--port", str(spill_port),
+                                           "--router-session-busy-threshold", "0"],
+                         kind="gateway")
+
+    with serving(Mesh(Path(tmp_path_factory.mktemp("router")), namespace="router",
+                      extra_args={"scheduler": EVENTS}), add_engine_and_gateway) as mesh:
+        yield RouterMesh(mesh, f"http://127.0.0.1:{spill_port}")
+
+
+def client_for(base_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0,
+                         timeout=120)
+
+
+def served(mesh: Mesh) -> dict[str, float]:
+    """Requests each engine has finished (a labelled counter shows once it counted one)."""
+    def finished(scheduler: str) -> float:
+        try:
+            return mesh.scheduler_metric("vllm:request_success_total", scheduler)
+        except KeyError:
+            return 0.0
+    return {s: finished(s) for s in SCHEDULERS}
+
+
+def served_since(mesh: Mesh, before: dict[str, float], total: int) -> list[float]:
+    """Requests each engine finished since `before`, once they add up to `total` (an
+    engine counts a request as it ends, a moment before its client hears)."""
+    poll(lambda: sum(served(mesh).values()) - sum(before.values()) == total, 30,
+         f"the engines to count {total} more finished requests")
+    now = served(mesh)
+    return [now[s] - before[s] for s in SCHEDULERS]
+
+
+def turn(client: openai.OpenAI, messages: list[dict[str, str]],
+         session: str | None = None) -> tuple[str, int, int]:
+    """One chat turn: (answer, prompt tokens, cached prompt tokens)."""
+    extra = {"prompt_cache_key": session} if session else None
+    reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12,
+                                           temperature=0, extra_body=extra)
+    usage = reply.usage
+    assert usage is not None and usage.prompt_tokens_details is not None
+    return (reply.choices[0].message.content or "", usage.prompt_tokens,
+            usage.prompt_tokens_details.cached_tokens or 0)
+
+
+def next_turns(client: openai.OpenAI, histories: list[list[dict[str, str]]],
+               question: str) -> list[tuple[int, int]]:
+    """Adds one user turn to every conversation, one after another: (prompt, cached) tokens
+    of each."""
+    figures = []
+    for history in histories:
+        history.append({"role": "user", "content": question})
+        answer, prompt_tokens, cached = turn(client, history)
+        history.append({"role": "assistant", "content": answer})
+        figures.append((prompt_tokens, cached))
+    return figures
+
+
+def assert_history_found(previous: list[tuple[int, int]],
+                         figures: list[tuple[int, int]]) -> None:
+    """Each turn's engine held the previous turn's prompt (its whole blocks)."""
+    for (prompt_before, _), (_, cached) in zip(previous, figures, strict=True):
+        assert cached >= prompt_before // BLOCK_SIZE * BLOCK_SIZE, (prompt_before, cached)
+
+
+def test_later_turns_land_where_their_history_is_even_after_a_gateway_restart(
+        router_mesh: RouterMesh) -> None:
+    mesh = router_mesh.mesh
+    client = client_for(mesh.base_url)
+    before = served(mesh)
+    histories = [[{"role": "user", "content": f"Tell me about {topic}, in detail."}]
+                 for topic in TOPICS]
+    # The first turns arrive together: the prefills the router sent to one engine count
+    # against it, so the conversations spread over both.
+    with ThreadPoolExecutor(len(TOPICS)) as pool:
+        answers = list(pool.map(lambda history: turn(client, history), histories))
+    for history, (answer, _, _) in zip(histories, answers):
+        history.append({"role": "assistant", "content": answer})
+    assert all(served_since(mesh, before, len(TOPICS))), "one engine took every conversation"
+    previous = [(prompt_tokens, cached) for _, prompt_tokens, cached in answers]
+    for question in ("Go on.", "And then?"):
+        figures = next_turns(client, histories, question)
+        assert_history_found(previous, figures)
+        previous = figures
+
+    # A new gateway knows nothing but what it replays from the KV events stream.
+    mesh.restart("gateway")
+    poll(lambda: http_get(f"{mesh.base_url}/health")[0] == 200, 120, "the gateway to serve")
+    mesh.wait_gateway_sees_engines()
+    figures = next_turns(client_for(mesh.base_url), histories, "Sum it up.")
+    assert_history_found(previous, figures)
+    assert metric_at(mesh.base_url, "llm_mesh:router_decisions_total",
+                     reason="kv_overlap") == len(TOPICS)
+
+
+def test_a_session_sticks_to_its_engine_and_spills_past_the_threshold(
+        router_mesh: RouterMesh) -> None:
+    mesh, spill_url = router_mesh.mesh, router_mesh.spill_url
+    client = client_for(mesh.base_url)
+    before = served(mesh)
+    for topic in TOPICS:   # unrelated prompts: only the session ties them together
+        turn(client, [{"role": "user", "content": f"One line on {topic}."}], session="s-1")
+    counts = served_since(mesh, before, len(TOPICS))
+    assert sorted(counts) == [0, len(TOPICS)], counts
+
+    spiller = client_for(spill_url)
+    spills = metric_at(spill_url, "llm_mesh:router_session_spills_total")
+    engines_used = []
+    for question in ("A first question.", "A second question."):
+        before = served(mesh)
+        turn(spiller, [{"role": "user", "content": question}], session="s-2")
+        engines_used += [s for s, n in zip(SCHEDULERS, served_since(mesh, before, 1)) if n]
+    assert len(engines_used) == 2 and engines_used[0] != engines_used[1], engines_used
+    assert metric_at(spill_url, "llm_mesh:router_session_spills_total") == spills + 1
+
+
+def metric_at(base_url: str, name: str, **labels: str) -> float:
+    _, body = http_get(f"{base_url}/metrics")
+    return metric_value(body.decode(), name, **labels)
