@@ -30,6 +30,13 @@ class EngineCollector(Collector):
                                    "Prompt tokens found in the prefix cache", labels=ENGINE_LABELS)
         preemptions = CounterMetricFamily("vllm:num_preemptions", "Preemptions (by recompute)",
                                           labels=ENGINE_LABELS)
+        external_queries = CounterMetricFamily(
+            "vllm:external_prefix_cache_queries",
+            "Prompt tokens looked up in the kvstore (the external prefix cache)",
+            labels=ENGINE_LABELS)
+        external_hits = CounterMetricFamily(
+            "vllm:external_prefix_cache_hits", "Prompt tokens found in the kvstore",
+            labels=ENGINE_LABELS)
         for instance in self._view.instances.values():
             info = instance.engine
             if instance.service != "scheduler" or info is None:
@@ -41,4 +48,7 @@ class EngineCollector(Collector):
             queries.add_metric(labels, info.prefix_cache_queries)
             hits.add_metric(labels, info.prefix_cache_hits)
             preemptions.add_metric(labels, info.num_preemptions)
-        yield from (running, waiting, usage, queries, hits, preemptions)
+            external_queries.add_metric(labels, info.external_prefix_cache_queries)
+            external_hits.add_metric(labels, info.external_prefix_cache_hits)
+        yield from (running, waiting, usage, queries, hits, preemptions, external_queries,
+                    external_hits)

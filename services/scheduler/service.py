@@ -99,6 +99,8 @@ class SchedulerService(Service):
             info.num_preemptions = stats.num_preemptions
         if self.kv is not None:
             info.kv_role = self.kv.kv_role
+            (info.external_prefix_cache_queries,
+             info.external_prefix_cache_hits) = self.kv.external_prefix_cache_counts()
         heartbeat.engine = info
 
     def _model_name(self) -> str:

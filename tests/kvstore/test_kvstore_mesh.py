@@ -21,7 +21,8 @@ from llm_mesh.embedded import free_port
 from tests.kvstore.conftest import stub_for
 from tests.kvstore.fault_proxy import FaultProxy
 from tests.kvstore.test_data_plane import put_messages
-from tests.mesh import Mesh, http_post, metric_value, serving
+from tests.faults.streams import poll
+from tests.mesh import Mesh, http_get, http_post, metric_value, serving
 
 pytestmark = pytest.mark.slow
 
@@ -83,6 +84,11 @@ def wait_until_stored(mesh: Mesh, num_blocks: int, timeout_s: float = 30.0) -> N
         time.sleep(0.1)
 
 
+def gateway_metric(mesh: Mesh, name: str, **labels: str) -> float:
+    _, body = http_get(f"{mesh.base_url}/metrics")
+    return metric_value(body.decode(), name, **labels)
+
+
 def stored_blocks(mesh: Mesh) -> int:
     _, body = mesh.services["kvstore"].get("/metrics")
     return int(metric_value(body.decode(), "llm_mesh:kvstore_put_blocks_total"))
@@ -106,6 +112,10 @@ def test_a_prompt_computed_on_engine_a_is_loaded_on_engine_b(kv_mesh: Mesh) -> N
     assert cached(on_b) == 1999 // BLOCK * BLOCK    # loaded, not recomputed
     assert metric(kv_mesh, "vllm:external_prefix_cache_hits_total") == cached(on_b)
     assert metric(kv_mesh, "vllm:prefix_cache_hits_total") == 0
+    # The gateway's /metrics answers for the cluster: engine b's kvstore hits, by heartbeat.
+    poll(lambda: gateway_metric(kv_mesh, "vllm:external_prefix_cache_hits_total",
+                                engine="b") == cached(on_b), 10,
+         "the gateway to re-export engine b's kvstore hits")
     cold = complete(kv_mesh, prompt, "cold-on-b")   # another salt: nothing to reuse
     assert cached(cold) == 0
     assert cold["choices"][0]["text"] == on_a["choices"][0]["text"]

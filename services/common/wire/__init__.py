@@ -157,6 +157,14 @@ class EngineInfo(betterproto.Message):
      the count standing still) and move its silent requests (their stall watchdog).
     """
 
+    external_prefix_cache_queries: int = betterproto.int64_field(15)
+    """
+    Cumulative, from the kvstore connector (0 without one): prompt tokens looked up in the
+     kvstore and found there. The gateway re-exports them as vllm:external_prefix_cache_*.
+    """
+
+    external_prefix_cache_hits: int = betterproto.int64_field(16)
+
 
 @dataclass(eq=False, repr=False)
 class LogprobColumns(betterproto.Message):

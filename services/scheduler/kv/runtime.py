@@ -142,6 +142,11 @@ class KVConnectorRuntime:
         for seconds in connector.take_load_times():
             self._load_time.observe(seconds)
 
+    def external_prefix_cache_counts(self) -> tuple[int, int]:
+        """Prompt tokens looked up in the kvstore and found there, since the engine core
+        started (for the heartbeat)."""
+        return self._seen[0], self._seen[1]
+
     def _snapshot(self) -> list[wire.KvEvent]:
         if self._scheduler is None:
             return []
