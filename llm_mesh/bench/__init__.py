@@ -3,6 +3,8 @@
 The pieces, in the order a run uses them:
     cli.py            options → one BenchmarkPoint per sweep value, then the report
     workloads.py      prompts of exact token lengths (random, shared-prefix, mixed, dataset)
+    sessions.py       multi-turn: sessions sharing a system prompt, histories built from the
+                      server's own answers, each turn after the last
     openai_client.py  one streamed request → RequestResult (httpx2, bodies pre-encoded)
     stream_parser.py  SSE bytes → first-token time, inter-chunk gaps, usage, errors
     runner.py         Poisson / bursty arrivals under an optional concurrency cap

@@ -3,6 +3,9 @@
     llm-mesh bench serve --base-url http://127.0.0.1:8000 --workload random \
         --input-len 256 --output-len 128 --num-prompts 200 --ignore-eos \
         --sweep 1,4,16,inf --goodput ttft:500 tpot:50 --result-json r.json --plot r.png
+
+    llm-mesh bench serve --workload multi-turn --num-sessions 32 --turns-per-session 8 \
+        --system-prompt-len 1024 --turn-input-len 64 --output-len 32 --max-concurrency 8
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import math
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +27,8 @@ from llm_mesh.bench.openai_client import (ENDPOINT_PATHS, TRANSPORTS, OpenAIClie
                                           SamplingOptions, encode_body)
 from llm_mesh.bench.plot import write_plot
 from llm_mesh.bench.report import build_json, format_detail, format_sweep, write_json
-from llm_mesh.bench.runner import BenchmarkPoint, run_point
+from llm_mesh.bench.runner import BenchmarkPoint, RunResult, run_point
+from llm_mesh.bench.sessions import MultiTurnOptions, build_conversations, run_sessions
 from llm_mesh.bench.stream_parser import RequestResult
 from llm_mesh.bench.workloads import (WORKLOADS, PromptBuilder, WorkloadOptions, build_requests,
                                       load_tokenizer, read_jsonl)
@@ -38,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     server = p.add_argument_group("server")
     server.add_argument("--base-url", default="http://127.0.0.1:8000")
     server.add_argument("--model", help="default: the first id of GET /v1/models")
-    server.add_argument("--endpoint", choices=tuple(ENDPOINT_PATHS), default="completions")
+    server.add_argument("--endpoint", choices=tuple(ENDPOINT_PATHS),
+                        help="default: completions (multi-turn: chat, its only endpoint)")
     server.add_argument("--api-key", help="sent as a bearer token")
     server.add_argument("--timeout", type=float, default=600.0, help="per request, seconds")
     server.add_argument("--http-client", choices=tuple(TRANSPORTS), default="raw",
@@ -50,11 +57,20 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--num-prompts", type=int,
                       help=f"per sweep point (default {DEFAULT_NUM_PROMPTS}; dataset: its size)")
     load.add_argument("--input-len", type=int, default=256)
-    load.add_argument("--output-len", type=int, default=128)
+    load.add_argument("--output-len", type=int, help="default 128 (multi-turn: 32)")
     load.add_argument("--prefix-len", type=int, default=1024, help="shared-prefix")
     load.add_argument("--suffix-len", type=int, default=32, help="shared-prefix")
     load.add_argument("--long-input-len", type=int, default=2000, help="mixed")
     load.add_argument("--long-fraction", type=float, default=0.1, help="mixed")
+    load.add_argument("--num-sessions", type=int, default=16,
+                      help="multi-turn: sessions per sweep point (instead of --num-prompts)")
+    load.add_argument("--turns-per-session", type=int, default=6, help="multi-turn")
+    load.add_argument("--system-prompt-len", type=int, default=1024,
+                      help="multi-turn: the tools/system prompt every session shares")
+    load.add_argument("--turn-input-len", type=int, default=64,
+                      help="multi-turn: new user tokens per turn")
+    load.add_argument("--no-session-hints", action="store_true",
+                      help="multi-turn: send neither prompt_cache_key nor x-session-id")
     load.add_argument("--ignore-eos", action="store_true", help="exact output lengths (vLLM)")
     load.add_argument("--temperature", type=float, default=0.0)
     load.add_argument("--extra-body", type=json.loads, default={},
@@ -63,10 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--seed", type=int, default=0)
     traffic = p.add_argument_group("traffic")
     traffic.add_argument("--request-rate", type=float, default=math.inf,
-                         help="requests/s, Poisson arrivals; inf sends all at once")
+                         help="requests/s (multi-turn: sessions/s), Poisson arrivals; "
+                              "inf sends all at once")
     traffic.add_argument("--burstiness", type=float, default=1.0,
                          help="gamma shape of arrivals: 1 = Poisson, <1 burstier")
-    traffic.add_argument("--max-concurrency", type=int, help="cap on requests in flight")
+    traffic.add_argument("--max-concurrency", type=int,
+                         help="cap on requests in flight (multi-turn: on sessions)")
     traffic.add_argument("--sweep", help='comma list, e.g. "1,2,4,8,inf": one run per value')
     traffic.add_argument("--sweep-by", choices=("rate", "concurrency"), default="rate",
                          help="what --sweep varies (default: the request rate)")
@@ -93,6 +111,23 @@ def sweep_points(args: argparse.Namespace) -> list[BenchmarkPoint]:
     return [BenchmarkPoint(args.request_rate, None if math.isinf(v) else int(v)) for v in values]
 
 
+def resolve_defaults(args: argparse.Namespace) -> None:
+    """Fills the defaults that depend on the workload; refuses what multi-turn cannot do."""
+    if args.output_len is None:  # an agent's turns answer briefly: mostly prefill
+        args.output_len = 32 if args.workload == "multi-turn" else 128
+    if args.workload != "multi-turn":
+        args.endpoint = args.endpoint or "completions"
+        return
+    if args.endpoint == "completions":
+        raise ValueError("--workload multi-turn sends chat messages: use --endpoint chat")
+    if args.num_prompts is not None:
+        raise ValueError("--workload multi-turn counts --num-sessions x --turns-per-session, "
+                         "not --num-prompts")
+    if args.num_sessions < 1 or args.turns_per_session < 1:
+        raise ValueError("--num-sessions and --turns-per-session must be at least 1")
+    args.endpoint = "chat"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
@@ -104,6 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     options = parser.parse_args(args[1:])
     try:
+        resolve_defaults(options)
         points = sweep_points(options)
         slos = parse_slos(options.goodput)
     except ValueError as exc:
@@ -128,14 +164,25 @@ async def bench_serve(args: argparse.Namespace, points: list[BenchmarkPoint],
                       slos: dict[str, float]) -> int:
     started = time.time()
     builder = PromptBuilder(load_tokenizer(args.tokenizer))
-    workload = WorkloadOptions(
-        kind=args.workload, is_chat=args.endpoint == "chat", input_len=args.input_len,
-        output_len=args.output_len, prefix_len=args.prefix_len, suffix_len=args.suffix_len,
-        long_input_len=args.long_input_len, long_fraction=args.long_fraction,
-        dataset=args.dataset)
-    num_prompts = args.num_prompts or _default_num_prompts(workload)
+    workload: WorkloadOptions | MultiTurnOptions
+    if args.workload == "multi-turn":
+        workload = MultiTurnOptions(
+            turns_per_session=args.turns_per_session, system_prompt_len=args.system_prompt_len,
+            turn_input_len=args.turn_input_len, output_len=args.output_len,
+            session_hints=not args.no_session_hints)
+        count = args.num_sessions  # one arrival per session
+        num_prompts = count * args.turns_per_session
+        per_point = f"{count} sessions x {args.turns_per_session} turns"
+    else:
+        workload = WorkloadOptions(
+            kind=args.workload, is_chat=args.endpoint == "chat", input_len=args.input_len,
+            output_len=args.output_len, prefix_len=args.prefix_len, suffix_len=args.suffix_len,
+            long_input_len=args.long_input_len, long_fraction=args.long_fraction,
+            dataset=args.dataset)
+        count = num_prompts = args.num_prompts or _default_num_prompts(workload)
+        per_point = f"{num_prompts} prompts"
     caps = [p.max_concurrency for p in points]
-    pool = num_prompts if None in caps else min(max(caps), num_prompts)  # type: ignore[type-var]
+    pool = count if None in caps else min(max(caps), count)  # type: ignore[type-var]
     sampling = SamplingOptions(args.temperature, args.ignore_eos, args.extra_body)
     metrics: list[BenchmarkMetrics] = []
     details: list[list[RequestResult]] = []
@@ -147,22 +194,31 @@ async def bench_serve(args: argparse.Namespace, points: list[BenchmarkPoint],
         except Exception as exc:  # noqa: BLE001 — a clear line, not a traceback
             print(f"error: cannot list the models at {args.base_url}: {exc!r}", file=sys.stderr)
             return 1
+        encode = partial(encode_body, model=model, endpoint=args.endpoint, sampling=sampling)
+
+        async def measure(options: WorkloadOptions | MultiTurnOptions, num: int, seed: int,
+                          point: BenchmarkPoint, show_progress: bool) -> RunResult:
+            """`num` prompts, or sessions for multi-turn, of the workload, seeded."""
+            if isinstance(options, MultiTurnOptions):
+                return await run_sessions(client, build_conversations(options, builder, num, seed),
+                                          encode, point, args.burstiness, seed, show_progress)
+            requests = [encode(s) for s in build_requests(options, builder, num, seed)]
+            return await run_point(client, requests, point, args.burstiness, seed,
+                                   show_progress)
+
         print(f"benchmarking {model} at {args.base_url} ({args.endpoint}, {args.workload}, "
-              f"{num_prompts} prompts per point)", file=sys.stderr)
+              f"{per_point} per point)", file=sys.stderr)
         if args.warmup:
-            warm = build_requests(workload, builder, args.warmup, args.seed + WARMUP_SEED_OFFSET)
-            run = await run_point(client, [encode_body(s, model, args.endpoint, sampling)
-                                           for s in warm],
-                                  BenchmarkPoint(math.inf, points[0].max_concurrency),
-                                  show_progress=False)
+            # A warm-up session is one turn: --warmup counts requests for every workload.
+            warm = (replace(workload, turns_per_session=1)
+                    if isinstance(workload, MultiTurnOptions) else workload)
+            run = await measure(warm, args.warmup, args.seed + WARMUP_SEED_OFFSET,
+                                BenchmarkPoint(math.inf, points[0].max_concurrency), False)
             print(f"warm-up: {sum(r.success for r in run.results)}/{args.warmup} succeeded",
                   file=sys.stderr)
         for i, point in enumerate(points):
             # Fresh prompts per point: a prefix cache must not serve one point from another.
-            samples = build_requests(workload, builder, num_prompts, args.seed + i)
-            requests = [encode_body(s, model, args.endpoint, sampling) for s in samples]
-            run = await run_point(client, requests, point, args.burstiness, args.seed + i,
-                                  show_progress=not args.no_progress)
+            run = await measure(workload, count, args.seed + i, point, not args.no_progress)
             metrics.append(compute_metrics(run, slos))
             details.append(run.results)
             print(format_detail(metrics[-1], args.num_devices))
@@ -176,9 +232,17 @@ async def bench_serve(args: argparse.Namespace, points: list[BenchmarkPoint],
         print(f"wrote {args.result_json}", file=sys.stderr)
     if args.plot:
         write_plot(args.plot, {model: metrics}, args.num_devices,
-                   title=f"{model}: {args.workload} {args.input_len}/{args.output_len}")
+                   title=f"{model}: {args.workload} {_shape(args)}")
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0 if all(m.completed for m in metrics) else 1
+
+
+def _shape(args: argparse.Namespace) -> str:
+    """Prompt/output tokens, as a plot title gives them."""
+    if args.workload == "multi-turn":
+        return (f"{args.system_prompt_len}+{args.turns_per_session}x{args.turn_input_len}"
+                f"/{args.output_len}")
+    return f"{args.input_len}/{args.output_len}"
 
 
 def _default_num_prompts(workload: WorkloadOptions) -> int:

@@ -4,6 +4,7 @@ raw_http (see its docstring) but with everything a full client has (proxies, HTT
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 import httpx2
 
@@ -19,9 +20,10 @@ class HttpxTransport:
                                  max_keepalive_connections=max_connections),
             timeout=httpx2.Timeout(timeout_s, connect=min(timeout_s, 30.0)))
 
-    async def post_stream(self, path: str, body: bytes, on_data: OnData) -> tuple[int, bytes]:
+    async def post_stream(self, path: str, body: bytes, on_data: OnData,
+                          headers: Mapping[str, str] | None = None) -> tuple[int, bytes]:
         clock = time.perf_counter
-        async with self._http.stream("POST", path, content=body) as response:
+        async with self._http.stream("POST", path, content=body, headers=headers) as response:
             if response.status_code != 200:
                 return response.status_code, await response.aread()
             async for data in response.aiter_raw():  # raw: we asked for identity encoding

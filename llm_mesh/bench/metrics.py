@@ -6,6 +6,10 @@
 - Throughput: totals over the wall time from the first send to the last response.
 - Goodput: successful requests per second that meet every given SLO (ms); a one-token
   request counts TPOT as 0, as vLLM does.
+- Prefix-cache hit rate: `usage.prompt_tokens_details.cached_tokens` summed over the
+  successful requests that report it, over their prompt tokens summed.
+- Multi-turn: TTFT of every session's first turn apart from its later turns (whose history
+  a cache may hold), and the TTFT P50 of each turn index.
 Percentiles interpolate linearly (numpy's default, as vLLM's bench).
 """
 
@@ -87,6 +91,11 @@ class BenchmarkMetrics:
     client_cpu_s: float
     client_cpu_us_per_chunk: float | None
     errors: dict[str, int] = field(default_factory=dict)    # the commonest failure messages
+    total_cached_tokens: int | None = None      # None: the server reported no cached_tokens
+    prefix_cache_hit_rate: float | None = None  # cached / prompt tokens, 0..1
+    ttft_first_turn: Distribution | None = None     # multi-turn only, as the next two
+    ttft_later_turns: Distribution | None = None
+    ttft_p50_by_turn: list[float] | None = None     # ms; index 0 is turn 1
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -97,7 +106,7 @@ class BenchmarkMetrics:
         fields = {k: v for k, v in run.items() if k in cls.__dataclass_fields__}
         # NOTE: JSON has no infinity: the report writes an unbounded rate as "inf".
         fields["request_rate"] = float(fields["request_rate"])
-        for name in ("ttft", "tpot", "itl", "e2el"):
+        for name in ("ttft", "tpot", "itl", "e2el", "ttft_first_turn", "ttft_later_turns"):
             if fields.get(name) is not None:
                 fields[name] = Distribution(**fields[name])
         return cls(**fields)
@@ -112,6 +121,10 @@ def compute_metrics(run: RunResult, slos: dict[str, float] | None = None) -> Ben
     tpots = [t for r in ok if (t := r.tpot) is not None]
     tpot = Distribution.of_seconds(tpots)
     num_chunks = sum(r.num_chunks for r in run.results)
+    reporting = [r for r in ok if r.cached_tokens is not None]
+    total_cached = sum(r.cached_tokens or 0 for r in reporting) if reporting else None
+    reported_prompt = sum(r.prompt_tokens for r in reporting)
+    turns = sorted({r.turn for r in ok if r.turn})
     return BenchmarkMetrics(
         label=run.point.label,
         request_rate=run.point.request_rate,
@@ -133,4 +146,11 @@ def compute_metrics(run: RunResult, slos: dict[str, float] | None = None) -> Ben
         client_cpu_s=run.client_cpu_s,
         client_cpu_us_per_chunk=run.client_cpu_s * 1e6 / num_chunks if num_chunks else None,
         errors=dict(Counter(r.error for r in failed).most_common(5)),
+        total_cached_tokens=total_cached,
+        prefix_cache_hit_rate=(total_cached / reported_prompt
+                               if total_cached is not None and reported_prompt else None),
+        ttft_first_turn=Distribution.of_seconds([r.ttft for r in ok if r.turn == 1]),
+        ttft_later_turns=Distribution.of_seconds([r.ttft for r in ok if r.turn > 1]),
+        ttft_p50_by_turn=[float(np.percentile([r.ttft * 1000.0 for r in ok if r.turn == t], 50))
+                          for t in turns] or None,
     )

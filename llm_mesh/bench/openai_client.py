@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -19,10 +20,12 @@ from llm_mesh.bench.workloads import SampleRequest
 
 ENDPOINT_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 TRANSPORTS = {"raw": RawHttpTransport, "httpx2": HttpxTransport}
+SESSION_HEADER = "x-session-id"
 
 
 class Transport(Protocol):
-    async def post_stream(self, path: str, body: bytes, on_data: OnData) -> tuple[int, bytes]:
+    async def post_stream(self, path: str, body: bytes, on_data: OnData,
+                          headers: Mapping[str, str] | None = None) -> tuple[int, bytes]:
         ...
 
     async def get(self, path: str) -> tuple[int, bytes]:
@@ -37,6 +40,7 @@ class EncodedRequest:
     body: bytes
     tag: str
     prompt_len: int
+    headers: dict[str, str] = field(default_factory=dict)  # besides the client's own
 
 
 @dataclass(frozen=True)
@@ -57,8 +61,14 @@ def encode_body(sample: SampleRequest, model: str, endpoint: str,
         body["prompt"] = sample.prompt
     if sampling.ignore_eos:
         body["ignore_eos"] = True  # vLLM's extra field: output lengths become exact
+    headers: dict[str, str] = {}
+    if sample.session_id is not None:
+        # Both of the hints a router may keep a conversation on one engine by: OpenAI's
+        # body field and the header (for routers that do not parse bodies).
+        body["prompt_cache_key"] = sample.session_id
+        headers[SESSION_HEADER] = sample.session_id
     body.update(sampling.extra_body)
-    return EncodedRequest(json.dumps(body).encode(), sample.tag, sample.prompt_len)
+    return EncodedRequest(json.dumps(body).encode(), sample.tag, sample.prompt_len, headers)
 
 
 class OpenAIClient:
@@ -97,14 +107,15 @@ class OpenAIClient:
             raise RuntimeError(f"{self.base_url}/v1/models lists no model: pass --model")
         return str(models[0]["id"])
 
-    async def send(self, request: EncodedRequest) -> RequestResult:
-        """Never raises for server or network errors: they become a failed result."""
+    async def send(self, request: EncodedRequest, keep_text: bool = False) -> RequestResult:
+        """Never raises for server or network errors: they become a failed result.
+        `keep_text` keeps the answer's text in the result (a session's next turn needs it)."""
         result = RequestResult(tag=request.tag, prompt_tokens=request.prompt_len)
-        parser = StreamParser(result)
+        parser = StreamParser(result, keep_text)
         result.start_time = time.perf_counter()
         try:
             status, error = await self._transport.post_stream(self.path, request.body,
-                                                              parser.feed)
+                                                              parser.feed, request.headers)
             if status != 200:
                 result.fail(f"HTTP {status}: {error[:300].decode(errors='replace')}")
         except Exception as exc:  # noqa: BLE001 — any failure is one failed request, not a crash

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -88,10 +88,13 @@ class RawHttpTransport:
         self._slots = asyncio.Semaphore(max_connections)
         self._timeout_s = timeout_s
 
-    async def post_stream(self, path: str, body: bytes, on_data: OnData) -> tuple[int, bytes]:
-        """POSTs `body`; a 200 body is handed to `on_data` as it arrives (stamped with
-        perf_counter), any other status returns with its body. Network errors raise."""
-        head = (f"POST {self._prefix}{path} HTTP/1.1\r\n{self._head_lines}"
+    async def post_stream(self, path: str, body: bytes, on_data: OnData,
+                          headers: Mapping[str, str] | None = None) -> tuple[int, bytes]:
+        """POSTs `body` (with `headers` besides the client's own); a 200 body is handed to
+        `on_data` as it arrives (stamped with perf_counter), any other status returns with its
+        body. Network errors raise."""
+        extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items()) if headers else ""
+        head = (f"POST {self._prefix}{path} HTTP/1.1\r\n{self._head_lines}{extra}"
                 f"Content-Length: {len(body)}\r\n\r\n").encode()
         async with self._slots:
             async with asyncio.timeout(self._timeout_s):  # NOTE: not counting the slot wait

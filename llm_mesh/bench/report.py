@@ -23,6 +23,10 @@ def _rate(value: float) -> str:
     return "inf" if math.isinf(value) else f"{value:g}"
 
 
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
 def format_detail(m: BenchmarkMetrics, num_devices: int = 1) -> str:
     """One point in the layout of `vllm bench serve`."""
     rows: list[tuple[str, str]] = [
@@ -41,17 +45,26 @@ def format_detail(m: BenchmarkMetrics, num_devices: int = 1) -> str:
     ]
     if m.goodput is not None:
         rows.append(("Goodput (req/s)", _num(m.goodput)))
+    if m.prefix_cache_hit_rate is not None:
+        rows += [("Total cached prompt tokens", str(m.total_cached_tokens)),
+                 ("Prefix cache hit rate", _share(m.prefix_cache_hit_rate))]
     for key, name in LATENCIES:
         dist: Distribution | None = getattr(m, key)
         for stat in ("mean", "p50", "p90", "p99"):
             rows.append((f"{stat.capitalize() if stat == 'mean' else stat.upper()} "
                          f"{name} (ms)", _num(getattr(dist, stat) if dist else None)))
+    for name, turns in (("turn 1", m.ttft_first_turn), ("turns 2+", m.ttft_later_turns)):
+        if turns is not None:
+            rows += [(f"P50 TTFT {name} (ms)", _num(turns.p50)),
+                     (f"P99 TTFT {name} (ms)", _num(turns.p99))]
     rows.append(("Client CPU (s, us/chunk)",
                  f"{m.client_cpu_s:.2f}, {_num(m.client_cpu_us_per_chunk, 1)}"))
     width = max(len(name) for name, _ in rows) + 2
     title = f" Serving Benchmark Result: {m.label} "
     lines = [title.center(width + 12, "=")]
     lines += [f"{name:<{width}}{value:>12}" for name, value in rows]
+    if m.ttft_p50_by_turn:
+        lines.append("P50 TTFT by turn (ms): " + " ".join(f"{v:.1f}" for v in m.ttft_p50_by_turn))
     lines += [f"error x{count}: {message}" for message, count in m.errors.items()]
     lines.append("=" * (width + 12))
     return "\n".join(lines)
@@ -60,13 +73,14 @@ def format_detail(m: BenchmarkMetrics, num_devices: int = 1) -> str:
 def format_sweep(metrics: Sequence[BenchmarkMetrics], num_devices: int = 1) -> str:
     """One row per point: throughput first, then each latency as p50/p90/p99 (mean)."""
     header = ["point", "ok", "fail", "req/s", "out tok/s", f"/dev({num_devices})", "tot tok/s",
-              "tok/s/user", "goodput"]
+              "tok/s/user", "goodput", "cache hit"]
     header += [f"{name} p50/p90/p99 (mean) ms" for _, name in LATENCIES]
     rows = [header]
     for m in metrics:
         row = [m.label, str(m.completed), str(m.failed), _num(m.request_throughput),
                _num(m.output_throughput, 1), _num(m.output_throughput / num_devices, 1),
-               _num(m.total_token_throughput, 1), _num(m.interactivity, 1), _num(m.goodput)]
+               _num(m.total_token_throughput, 1), _num(m.interactivity, 1), _num(m.goodput),
+               _share(m.prefix_cache_hit_rate)]
         for key, _ in LATENCIES:
             d: Distribution | None = getattr(m, key)
             row.append("-" if d is None else

@@ -1,5 +1,7 @@
 """Runs one benchmark point: requests arrive at a rate (Poisson, or gamma for burstiness),
 each waits for a slot under an optional concurrency cap, and all stream concurrently.
+A multi-turn session (sessions.py) arrives the same way, as one job that holds its slot
+while its turns go one after another.
 
 Arrival times are drawn up front and slept to from the start, so a slow send never
 shifts later arrivals (no drift), and the draw is seeded for repeatable runs.
@@ -10,13 +12,17 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 from tqdm import tqdm
 
 from llm_mesh.bench.openai_client import EncodedRequest, OpenAIClient
 from llm_mesh.bench.stream_parser import RequestResult
+
+Job = Callable[[], Awaitable[list[RequestResult]]]   # one arrival: a request, or a session
 
 
 @dataclass(frozen=True)
@@ -42,7 +48,7 @@ class RunResult:
 
 
 def arrival_offsets(num: int, rate: float, burstiness: float, seed: int) -> np.ndarray:
-    """Seconds from the start at which each request is sent."""
+    """Seconds from the start of each arrival (a request, or a session's first turn)."""
     if math.isinf(rate):
         return np.zeros(num)
     # Gamma inter-arrivals with shape k and mean 1/rate: k=1 is Poisson, k<1 burstier.
@@ -52,32 +58,42 @@ def arrival_offsets(num: int, rate: float, burstiness: float, seed: int) -> np.n
     return np.cumsum(gaps)
 
 
+def progress_bar(num_requests: int, point: BenchmarkPoint, show: bool) -> tqdm:
+    return tqdm(total=num_requests, desc=point.label, unit="req", leave=False, disable=not show)
+
+
 async def run_point(client: OpenAIClient, requests: list[EncodedRequest], point: BenchmarkPoint,
                     burstiness: float = 1.0, seed: int = 0,
                     show_progress: bool = True) -> RunResult:
-    offsets = arrival_offsets(len(requests), point.request_rate, burstiness, seed)
-    slots = asyncio.Semaphore(point.max_concurrency) if point.max_concurrency else None
-    progress = tqdm(total=len(requests), desc=point.label, unit="req", leave=False,
-                    disable=not show_progress)
-
-    async def one(request: EncodedRequest) -> RequestResult:
-        if slots is None:
+    with progress_bar(len(requests), point, show_progress) as progress:
+        async def one(request: EncodedRequest) -> list[RequestResult]:
             result = await client.send(request)
-        else:
-            async with slots:
-                result = await client.send(request)
-        progress.update(1)
-        return result
+            progress.update(1)
+            return [result]
+
+        return await run_jobs([partial(one, r) for r in requests], point, burstiness, seed)
+
+
+async def run_jobs(jobs: Sequence[Job], point: BenchmarkPoint, burstiness: float = 1.0,
+                   seed: int = 0) -> RunResult:
+    """Starts each job at its arrival time; a job holds a concurrency slot until it ends."""
+    offsets = arrival_offsets(len(jobs), point.request_rate, burstiness, seed)
+    slots = asyncio.Semaphore(point.max_concurrency) if point.max_concurrency else None
+
+    async def start(job: Job) -> list[RequestResult]:
+        if slots is None:
+            return await job()
+        async with slots:
+            return await job()
 
     clock = time.perf_counter
-    cpu_start, start = time.process_time(), clock()
+    cpu_start, start_time = time.process_time(), clock()
     tasks = []
-    for offset, request in zip(offsets, requests, strict=True):
-        delay = start + offset - clock()
+    for offset, job in zip(offsets, jobs, strict=True):
+        delay = start_time + offset - clock()
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(request)))
-    results = list(await asyncio.gather(*tasks))
-    duration, cpu = clock() - start, time.process_time() - cpu_start
-    progress.close()
+        tasks.append(asyncio.create_task(start(job)))
+    results = [r for job_results in await asyncio.gather(*tasks) for r in job_results]
+    duration, cpu = clock() - start_time, time.process_time() - cpu_start
     return RunResult(point, results, duration, cpu)

@@ -1,7 +1,8 @@
 """Turns an OpenAI-style SSE stream into one request's timings and token counts.
 
 Handles completions (`choices[0].text`) and chat (`choices[0].delta.content`) chunks, the
-final usage chunk (`stream_options.include_usage`), `data: [DONE]`, and error events
+final usage chunk (`stream_options.include_usage`, with `prompt_tokens_details.cached_tokens`
+when the server reports prefix-cache hits), `data: [DONE]`, and error events
 (`data: {"error": ...}`, or llama.cpp's `error: ...` line). The first token is the first chunk
 with text (a chat role chunk is not one); a stream whose tokens all decode to no text (special
 tokens under ignore_eos) is timed from its first chunk with choices, as vLLM's bench does.
@@ -31,6 +32,9 @@ class RequestResult:
     output_tokens: int = 0                              # usage, else content chunks
     num_chunks: int = 0
     has_usage: bool = False
+    cached_tokens: int | None = None                    # prompt tokens the server had cached
+    text: str = ""                                      # the answer, when kept (multi-turn)
+    turn: int = 0                                       # multi-turn: 1-based turn; else 0
 
     @property
     def tpot(self) -> float | None:
@@ -47,9 +51,11 @@ class RequestResult:
 class StreamParser:
     """Fed raw body bytes as they arrive; `finish()` settles success and token counts."""
 
-    def __init__(self, result: RequestResult) -> None:
+    def __init__(self, result: RequestResult, keep_text: bool = False) -> None:
         self.result = result
         self.is_done = False        # saw `data: [DONE]`
+        # NOTE: only a multi-turn session needs the answer back (its next turn's history).
+        self._answer: list[str] | None = [] if keep_text else None
         self._buffer = b""
         self._last_token_time = 0.0
         self._first_choice_time: float | None = None
@@ -68,6 +74,8 @@ class StreamParser:
             self._buffer = b""
         r = self.result
         r.latency = now - r.start_time
+        if self._answer is not None:
+            r.text = "".join(self._answer)
         if not r.has_usage:
             r.output_tokens = r.num_chunks
         if not r.error and r.num_chunks == 0:
@@ -115,18 +123,23 @@ class StreamParser:
             if self._first_choice_time is None:
                 self._first_choice_time = now
             choice = choices[0]
-            text = choice.get("text")
-            if text is None:
+            content, thinking = choice.get("text"), None
+            if content is None:
                 delta = choice.get("delta") or {}
-                text = (delta.get("content") or delta.get("reasoning_content")
-                        or delta.get("reasoning"))
-            if text:
+                content = delta.get("content")
+                if not content:  # a reasoning model's thinking: generated, but not the answer
+                    thinking = delta.get("reasoning_content") or delta.get("reasoning")
+            if content or thinking:
                 self._on_token_chunk(now)
+                if content and self._answer is not None:
+                    self._answer.append(content)
         if usage := chunk.get("usage"):
             r = self.result
             r.has_usage = True
             r.prompt_tokens = usage.get("prompt_tokens", r.prompt_tokens)
             r.output_tokens = usage.get("completion_tokens", r.output_tokens)
+            if isinstance(details := usage.get("prompt_tokens_details"), dict):
+                r.cached_tokens = details.get("cached_tokens", r.cached_tokens)
 
     def _on_token_chunk(self, now: float) -> None:
         r = self.result

@@ -9,6 +9,8 @@ Workloads:
     shared-prefix  one prefix-len system prefix shared by all, plus a unique suffix-len question
     mixed          short streaming decodes with a long-fraction of long-input-len prompts
     dataset        JSONL lines {"prompt": ..., "output_len": ...} or {"messages": [...]}
+    multi-turn     agent-like chat sessions with growing histories (built in sessions.py:
+                   each turn's history holds the server's previous answers)
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-WORKLOADS = ("random", "shared-prefix", "mixed", "dataset")
+WORKLOADS = ("random", "shared-prefix", "mixed", "dataset", "multi-turn")
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,7 @@ class SampleRequest:
     prompt_len: int     # local count; the server's usage replaces it when sent
     output_len: int
     tag: str
+    session_id: str | None = None   # multi-turn: sent as prompt_cache_key and x-session-id
 
 
 @dataclass(frozen=True)
