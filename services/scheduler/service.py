@@ -83,7 +83,8 @@ class SchedulerService(Service):
     def fill_heartbeat(self, heartbeat: wire.Heartbeat) -> None:
         heartbeat.engine_id = self.engine_id
         info = wire.EngineInfo(model=self._model_name(), num_steps=self._num_steps,
-                               worker_ready=self.worker is not None and self.worker.is_ready)
+                               worker_ready=self.worker is not None and self.worker.is_ready,
+                               max_num_seqs=self.settings.max_num_seqs)
         if self.worker is not None and self.worker.info is not None:
             info.max_model_len = self.worker.info.max_model_len
             info.block_size = self.worker.info.block_size

@@ -22,6 +22,10 @@ pytestmark = pytest.mark.slow
 MODEL = "SmolLM2-135M-Instruct"
 BLOCK_SIZE = 16
 EVENTS = ["--enable-kv-events"]
+# One request at a time per engine, so a second one queues; the gateway moves a request
+# queued this long to an engine with an empty queue.
+ONE_AT_A_TIME = ["--max-num-seqs", "1"]
+QUEUE_MOVE_AFTER_S = 2.0
 SCHEDULERS = ("scheduler", "scheduler-engine-1")
 TOPICS = ["the history of the printing press", "how bread rises",
           "why the sky is blue", "the rules of chess"]
@@ -38,13 +42,18 @@ def router_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterMesh
     spill_port = free_port()
 
     def add_engine_and_gateway(mesh: Mesh) -> None:
-        mesh.add_engine("engine-1", scheduler_args=EVENTS)
+        mesh.add_engine("engine-1", scheduler_args=EVENTS + ONE_AT_A_TIME,
+                        worker_args=ONE_AT_A_TIME)
         mesh.add_service("gateway-spill", ["--port", str(spill_port),
                                            "--router-session-busy-threshold", "0"],
                          kind="gateway")
 
     with serving(Mesh(Path(tmp_path_factory.mktemp("router")), namespace="router",
-                      extra_args={"scheduler": EVENTS}), add_engine_and_gateway) as mesh:
+                      extra_args={"scheduler": EVENTS + ONE_AT_A_TIME,
+                                  "worker": ONE_AT_A_TIME,
+                                  "gateway": ["--router-queue-move-after-s",
+                                              str(QUEUE_MOVE_AFTER_S)]}),
+                 add_engine_and_gateway) as mesh:
         yield RouterMesh(mesh, f"http://127.0.0.1:{spill_port}")
 
 
@@ -54,12 +63,16 @@ def client_for(base_url: str) -> openai.OpenAI:
 
 
 def served(mesh: Mesh) -> dict[str, float]:
-    """Requests each engine has finished (a labelled counter shows once it counted one)."""
-    def finished(scheduler: str) -> float:
-        try:
-            return mesh.scheduler_metric("vllm:request_success_total", scheduler)
+    """Requests each engine has finished, not counting those moved away (aborted there)."""
+    def count(text: str, **labels: str) -> float:
+        try:   # a labelled counter shows once it counted one
+            return metric_value(text, "vllm:request_success_total", **labels)
         except KeyError:
             return 0.0
+
+    def finished(scheduler: str) -> float:
+        text = mesh.services[scheduler].get("/metrics")[1].decode()
+        return count(text) - count(text, finished_reason="abort")
     return {s: finished(s) for s in SCHEDULERS}
 
 
@@ -155,6 +168,32 @@ def test_a_session_sticks_to_its_engine_and_spills_past_the_threshold(
     assert metric_at(spill_url, "llm_mesh:router_session_spills_total") == spills + 1
 
 
+def test_a_request_queued_behind_a_busy_engine_moves_to_an_idle_one(
+        router_mesh: RouterMesh) -> None:
+    mesh = router_mesh.mesh
+    client = client_for(mesh.base_url)
+    moved = metric_at(mesh.base_url, "llm_mesh:request_migrations_total", outcome="moved")
+    # The session holds one engine with a long answer; its next request queues behind it.
+    turn(client, [{"role": "user", "content": "Hello."}], session="q")
+    with ThreadPoolExecutor(2) as pool:
+        long = pool.submit(lambda: client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Write a long story."}],
+            max_tokens=400, temperature=0, extra_body={"prompt_cache_key": "q",
+                                                       "ignore_eos": True}))
+        poll(lambda: sum(mesh.scheduler_metric("vllm:num_requests_running", s)
+                         for s in SCHEDULERS) == 1, 30, "the long answer to run")
+        short = pool.submit(turn, client, [{"role": "user", "content": "A short one."}], "q")
+        answer, _, _ = short.result(timeout=120)
+        assert answer and not long.done(), "the queued request waited for the long one"
+        assert long.result(timeout=300).usage.completion_tokens == 400
+    assert metric_at(mesh.base_url, "llm_mesh:request_migrations_total",
+                     outcome="moved") == moved + 1
+
+
 def metric_at(base_url: str, name: str, **labels: str) -> float:
+    """A gateway's metric; 0 for a labelled counter that has not counted yet."""
     _, body = http_get(f"{base_url}/metrics")
-    return metric_value(body.decode(), name, **labels)
+    try:
+        return metric_value(body.decode(), name, **labels)
+    except KeyError:
+        return 0.0

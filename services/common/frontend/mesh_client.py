@@ -221,6 +221,34 @@ class MeshClient:
             self.migrator.move([generation], "engine stalled", stalled_engine=generation.engine_id)
         return len(stalled)
 
+    def move_queued(self, after_s: float, busy_threshold: float) -> int:
+        """Moves a generation still without its first token `after_s` after it was placed,
+        on an engine with a queue, to an engine where it would start at once, with KV room
+        below `busy_threshold`: one slow or busy engine cannot hold requests the others
+        could serve. At most one per engine with room per sweep, so a queue is not moved whole
+        onto one engine."""
+        if after_s <= 0:
+            return 0
+        now = time.monotonic()
+        moved = 0
+        for generation in list(self._generations.values()):
+            if (generation.moving or generation.finished or generation.output_token_ids
+                    or now - generation.placed_at < after_s or not is_movable(generation)):
+                continue
+            engines = self._view.candidate_engines(generation.model)
+            here = next((e for e in engines if e.engine_id == generation.engine_id), None)
+            with_room = [e for e in engines if e.engine_id != generation.engine_id
+                         and e.can_start_another and e.kv_cache_usage < busy_threshold]
+            if here is None or here.num_waiting == 0 or len(with_room) <= moved:
+                continue
+            log.info("request queued past the bound; moving it",
+                     request_id=generation.request_id, engine=generation.engine_id,
+                     queued_s=round(now - generation.placed_at, 1))
+            self.migrator.move([generation], "queued behind a busy engine",
+                               away_from=generation.engine_id)
+            moved += 1
+        return moved
+
     async def _on_heartbeat(self, beat: wire.Heartbeat) -> None:
         """An instance that reconnected to NATS may have lost messages of the generations
         placed on it before: move them (they continue from what this gateway received)."""

@@ -46,6 +46,13 @@ class EngineView:
     block_size: int = 16
     num_blocks: int = 0
     num_waiting_tokens: int = 0  # prompt tokens queued, not yet prefilled
+    max_num_seqs: int = 0        # 0: not reported
+
+    @property
+    def can_start_another(self) -> bool:
+        """A request sent now would run at once, not queue (as of the last heartbeat)."""
+        return self.num_waiting == 0 and (self.max_num_seqs == 0
+                                          or self.num_running < self.max_num_seqs)
 
     @property
     def load(self) -> float:
@@ -130,7 +137,8 @@ class MeshView:
                 kv_cache_usage=info.kv_cache_usage,
                 in_flight_here=self.in_flight.get(inst.engine_id, 0), kv_role=info.kv_role,
                 is_stalled=self.is_stalled(inst), block_size=info.block_size or 16,
-                num_blocks=info.num_blocks, num_waiting_tokens=info.num_waiting_tokens))
+                num_blocks=info.num_blocks, num_waiting_tokens=info.num_waiting_tokens,
+                max_num_seqs=info.max_num_seqs))
         return engines
 
     def models(self) -> dict[str, int]:

@@ -50,18 +50,20 @@ class Migrator:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def move(self, generations: list[Generation], reason: str,
-             stalled_engine: str | None = None) -> None:
-        """Starts moving each generation (one already moving is left to that move)."""
+             stalled_engine: str | None = None, away_from: str | None = None) -> None:
+        """Starts moving each generation (one already moving is left to that move), never
+        back onto `away_from`."""
         for generation in generations:
             if generation.moving or generation.finished:
                 continue
             generation.moving = True
-            task = asyncio.create_task(self._move(generation, reason, stalled_engine))
+            task = asyncio.create_task(self._move(generation, reason, stalled_engine,
+                                                  away_from))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _move(self, generation: Generation, reason: str,
-                    stalled_engine: str | None) -> None:
+    async def _move(self, generation: Generation, reason: str, stalled_engine: str | None,
+                    away_from: str | None) -> None:
         old_id, old_engine = generation.request_id, generation.engine_id
         try:
             await self._client.detach(generation)
@@ -70,7 +72,7 @@ class Migrator:
                     generation, f"{reason}; the request asked for prompt logprobs, so it "
                                 f"cannot continue elsewhere: retry the request")
                 return
-            error = await self._place_until_deadline(generation, stalled_engine)
+            error = await self._place_until_deadline(generation, stalled_engine, away_from)
             if error is not None:
                 self._count("failed")
                 self._client.finish_with_error(generation, f"{reason} and no replacement took "
@@ -86,8 +88,8 @@ class Migrator:
         finally:
             generation.moving = False
 
-    async def _place_until_deadline(self, generation: Generation,
-                                    stalled_engine: str | None) -> str | None:
+    async def _place_until_deadline(self, generation: Generation, stalled_engine: str | None,
+                                    away_from: str | None) -> str | None:
         """Places the continuation; None once it runs, else why it could not."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout_s
@@ -99,6 +101,8 @@ class Migrator:
             # (it still says ready): the request would only stall there again.
             avoid = ([stalled_engine] if stalled_engine is not None
                      and not self._view.has_progressed(stalled_engine, noticed) else [])
+            if away_from is not None:
+                avoid.append(away_from)
             try:
                 await self._place(generation, avoid)
                 return None

@@ -87,6 +87,8 @@ class FrontendRuntime:
                 if instance.service == "scheduler":   # its KV pool went with it
                     self._forget_engine(instance)
             client.move_stalled()
+            client.move_queued(self.settings.router_queue_move_after_s,
+                               self.settings.router_session_busy_threshold)
             self._export_event_state()
 
     def _forget_engine(self, scheduler: Instance) -> None:

@@ -49,10 +49,14 @@ class RouterSettings:
     router_ttl_s: float = setting(
         120.0, "KV router: how long a predicted block (no KV events) counts as held")
     router_session_busy_threshold: float = setting(
-        0.9, "A session (prompt_cache_key or x-session-id) stays on its engine until that "
-        "engine's KV cache is this full (0..1); past it the request spills to another")
+        0.9, "An engine whose KV cache is this full (0..1) is busy: a session "
+        "(prompt_cache_key or x-session-id) spills from it to another engine, and queued "
+        "requests do not move onto it")
     router_session_ttl_s: float = setting(
         3600.0, "How long a session remembers its engine after its last request")
+    router_queue_move_after_s: float = setting(
+        15.0, "A request still waiting for its first token this long on an engine with a "
+        "queue moves to an engine with none and KV room (below the busy threshold); 0: never")
     router_hash_algo: str = setting(
         "sha256", "Block hash of the prefix index; must equal the schedulers' "
         "--prefix-caching-hash-algo", choices=["sha256", "xxh3_128"])

@@ -164,6 +164,7 @@ class EngineInfo(betterproto.Message):
     """
 
     external_prefix_cache_hits: int = betterproto.int64_field(16)
+    max_num_seqs: int = betterproto.int32_field(17)
 
 
 @dataclass(eq=False, repr=False)
