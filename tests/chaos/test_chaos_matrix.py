@@ -9,6 +9,7 @@ recovery time of each fault (docs/operations.md quotes them)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 import time
@@ -32,7 +33,9 @@ PROMPTS = ["The history of the printing press", "A recipe for bread begins with"
            "The planets of the solar system are", "def quicksort(items):",
            "Dear hiring manager, I am writing", "The rules of chess are simple:",
            "In 1969, the first people to walk on the moon", "Photosynthesis is the process"]
-MAX_TOKENS = 32
+# Per stream; docs/operations.md's figures are from LLM_MESH_CHAOS_TOKENS=32 (longer streams
+# under the hog: all of a case's ends move later by the extra decode time).
+MAX_TOKENS = int(os.environ.get("LLM_MESH_CHAOS_TOKENS", "20"))
 STRIKE_AFTER_CHUNKS = 4
 # Every stream ends within this many seconds of the strike (docs/operations.md: the
 # gateway's watchdog moves a request silent for --stall-timeout-s, a move waits at most

@@ -3,7 +3,7 @@ request must complete, the engine must end idle with every KV block back in the 
 no service may keep growing in memory once warmed up (RSS at the end of the soak against
 RSS at the end of a warm-up under the same load).
 
-LLM_MESH_SOAK_S sets the measured part (default 120 s; the warm-up is a quarter of it).
+LLM_MESH_SOAK_S sets the measured part (default 60 s; the warm-up is a quarter of it).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from tests.mesh import Mesh
 pytestmark = pytest.mark.slow
 
 CONCURRENCY = 32
-SOAK_S = float(os.environ.get("LLM_MESH_SOAK_S", "120"))
+SOAK_S = float(os.environ.get("LLM_MESH_SOAK_S", "60"))
 # Allowed growth past the warm-up: allocator noise, not a leak (a leak grows with requests:
 # ~1,000 of them here).
 GROWTH_BYTES = 48 * 2**20
