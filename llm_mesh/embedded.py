@@ -4,6 +4,7 @@ wheel, for the kvstore's index). Used by `llm-mesh up` and by the tests."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import platform
 import shutil
@@ -16,9 +17,17 @@ from pathlib import Path
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    return free_ports(1, host)[0]
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct free ports: each socket stays bound until all are chosen, so the OS
+    cannot hand one out twice."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in sockets]
 
 
 def wait_for_port(host: str, port: int, timeout_s: float, process: subprocess.Popen | None = None,

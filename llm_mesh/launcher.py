@@ -2,8 +2,9 @@
 
 Starts an embedded nats-server unless --nats-url names one, and (with the KV connector on,
 the default) an embedded Redis-protocol server unless --redis-url names one; prepares the
-model once (a GGUF is converted on first use), starts tokenizer, scheduler, worker, gateway,
-the batch runner and a kvstore node as child processes, and supervises them all: a child that
+model once (a GGUF is converted on first use), starts tokenizer, gateway, the batch runner,
+a kvstore node and one or more engines (--data-parallel-size scheduler + worker pairs,
+llm_mesh/engines.py) as child processes, and supervises them all: a child that
 exits is restarted (an embedded server on its port, NATS with its JetStream store), one that
 stops answering its liveness probe (llm_mesh/liveness.py) is killed first. On Ctrl-C /
 SIGTERM it stops them all, gateway first, leaving no process behind.
@@ -31,12 +32,19 @@ from typing import Any
 import structlog
 
 from llm_mesh.cli import SERVICE_MODULES
-from llm_mesh.embedded import EmbeddedNats, EmbeddedRedis, free_port
+from llm_mesh.embedded import EmbeddedNats, EmbeddedRedis, free_ports
+from llm_mesh.engines import ENGINE_SERVICES, EnginePlan, plan_engines
 from llm_mesh.liveness import Liveness, Probe, http_probe, nats_probe, redis_probe
 from services.batch.settings import BatchSettings
 from services.common.logs import configure_logging
 from services.common.model_files import resolve_model
-from services.common.settings import add_arguments, env_name, flag_name, setting
+from services.common.settings import (
+    add_arguments,
+    build_settings,
+    env_name,
+    flag_name,
+    setting,
+)
 from services.gateway.settings import GatewaySettings
 from services.kvstore.settings import KVStoreSettings
 from services.scheduler.settings import SchedulerSettings
@@ -76,6 +84,12 @@ class UpSettings:
         10, "Niceness of every service but the worker (0-19; 0: as the launcher). The "
         "worker's threads then preempt the per-token work of the others, which would stall "
         "its matrix products on the cores they share (docs/benchmarks.md section 10)")
+    data_parallel_size: int = setting(
+        1, "Engines to start (scheduler + worker pairs engine-0 ... engine-{N-1}; the "
+        "gateway spreads requests over them). Each worker gets an equal share of the cores "
+        "unless --num-threads is given, and of the memory its KV cache takes by default "
+        "(--kv-cache-memory-fraction, --gpu-memory-utilization); --kv-cache-memory is per "
+        "engine")
 
 
 def up_parser() -> argparse.ArgumentParser:
@@ -83,7 +97,11 @@ def up_parser() -> argparse.ArgumentParser:
         prog="llm-mesh up", description="Start the whole mesh on this machine: NATS, Redis, "
         "tokenizer, scheduler, worker, the OpenAI-compatible gateway, the batch runner and a "
         "kvstore node.")
-    seen = set(_MANAGED - {"nats_url"})
+    # vLLM's short form too, which add_arguments cannot give.
+    [dp] = [f for f in dataclasses.fields(UpSettings) if f.name == "data_parallel_size"]
+    parser.add_argument("--data-parallel-size", "-dp", dest=dp.name, type=int, metavar="N",
+                        default=argparse.SUPPRESS, help=dp.metadata["help"])
+    seen = set(_MANAGED - {"nats_url"}) | {dp.name}
     add_arguments(parser, UpSettings, seen)
     for cls in SERVICES.values():
         add_arguments(parser, cls, seen)
@@ -121,6 +139,12 @@ class Child:
     liveness: Liveness | None = None        # None: --liveness-timeout-s 0
     process: subprocess.Popen | None = None
     restarts: list[float] = field(default_factory=list)
+    engine: str = ""                        # a scheduler's or worker's engine id
+
+    @property
+    def log_fields(self) -> dict[str, str]:
+        """How log lines name this child: its service, and a scheduler's or worker's engine."""
+        return {"service": self.name, **({"engine": self.engine} if self.engine else {})}
 
     def start(self) -> None:
         self.process = self.launch()
@@ -179,7 +203,8 @@ class Mesh:
         self.children: list[Child] = []     # the services, in SERVICES order
         # NOTE: a probe waits on the network; two threads per child keep a late one (and
         # one still out for a killed process) from delaying the next child's.
-        self._probe_pool = ThreadPoolExecutor(2 * (len(SERVICES) + 2),
+        num_children = len(SERVICES) + len(ENGINE_SERVICES) * (self.up.data_parallel_size - 1)
+        self._probe_pool = ThreadPoolExecutor(2 * (num_children + 2),
                                               thread_name_prefix="liveness")
         self._stopping = False
 
@@ -200,12 +225,13 @@ class Mesh:
             log.info("stopping the mesh", signal=signal.Signals(signum).name)
         self._stopping = True
 
-    def _child(self, name: str, launch: Callable[[], subprocess.Popen], probe: Probe) -> Child:
+    def _child(self, name: str, launch: Callable[[], subprocess.Popen], probe: Probe,
+               engine: str = "") -> Child:
         liveness = None
         if self.up.liveness_timeout_s > 0:
             liveness = Liveness(probe, self._probe_pool, self.up.liveness_timeout_s,
                                 grace_s=self.up.startup_timeout_s)
-        child = Child(name, launch, liveness)
+        child = Child(name, launch, liveness, engine=engine)
         child.start()
         return child
 
@@ -222,19 +248,38 @@ class Mesh:
         # Convert the model once here, so the services don't race to do it.
         files = resolve_model(self.explicit.get("model", ""))
         log.info("model ready", model=files.served_name, files=str(files.hf_dir))
-        for name, settings_class in SERVICES.items():
-            if name == "kvstore" and not self.explicit.get("enable_kv_connector", True):
-                continue
-            argv, env = service_argv(name, self.explicit)
+        engines = self._plan_engines()
+        services = [(name, engine) for name in SERVICES
+                    if name != "kvstore" or self.explicit.get("enable_kv_connector", True)
+                    for engine in (engines if name in ENGINE_SERVICES else [None])]
+        for (name, engine), port in zip(services, free_ports(len(services)), strict=True):
+            settings = self.explicit if engine is None else {**self.explicit,
+                                                             **engine.overrides}
+            argv, env = service_argv(name, settings)
             env[env_name("nats_url")] = nats_url
-            if "redis_url" in {f.name for f in dataclasses.fields(settings_class)}:
+            if "redis_url" in {f.name for f in dataclasses.fields(SERVICES[name])}:
                 env.update(redis_env)
-            port, nice = free_port(), 0 if name == "worker" else self.up.services_nice
+            nice = 0 if name == "worker" else self.up.services_nice
             child = self._child(name, partial(_launch_service, name, argv, port, env, nice),
-                                http_probe(health_host, port))
+                                http_probe(health_host, port),
+                                engine.engine_id if engine is not None else "")
             self.children.append(child)
-            log.info("started service", service=name, pid=child.process.pid, nice=nice,
+            log.info("started service", **child.log_fields, pid=child.process.pid, nice=nice,
                      health=f"http://{health_host}:{port}/ready")
+
+    def _plan_engines(self) -> list[EnginePlan]:
+        """The --data-parallel-size engines, splitting the cores we may run on (what a
+        worker would take by default) among them."""
+        worker = build_settings(WorkerSettings, self.explicit)
+        cores = len(os.sched_getaffinity(0))
+        engines = plan_engines(worker, self.up.data_parallel_size, cores,
+                               self.explicit.get("enable_kv_events"))
+        shared = {k: v for k, v in engines[0].overrides.items() if k != "engine_id"}
+        log.info("starting engines", engines=len(engines), cores=cores,
+                 engine_ids=[e.engine_id for e in engines],
+                 threads_per_engine=shared.pop("num_threads"),
+                 kv_cache_memory=worker.kv_cache_memory, **shared)
+        return engines
 
     def _start_redis(self) -> dict[str, str]:
         """The Redis URL for the services that use it: an embedded server unless the user
@@ -259,16 +304,20 @@ class Mesh:
             for child in self.children:
                 if child.exited() is not None:
                     log.error("service exited during start-up; see its log above",
-                              service=child.name, code=child.exited())
+                              **child.log_fields, code=child.exited())
                     return False
-            ok, detail = _mesh_health(self._gateway_url())
-            if ok:
+            ok, services = _mesh_health(self._gateway_url())
+            # Every engine, not only the first the gateway would already serve with.
+            engines = min(_ready_count(services.get(name, "")) for name in ENGINE_SERVICES)
+            if ok and engines >= self.up.data_parallel_size:
                 url = self._gateway_url()
                 log.info("mesh ready", api=f"{url}/v1", health=f"{url}/health",
                          try_it=f"curl {url}/v1/chat/completions -H 'Content-Type: "
                                 f"application/json' -d '{{\"model\": \"{_model_name(self.explicit)}\", "
-                                f"\"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}]}}'")
+                                f"\"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}]}}'",
+                         engines=engines)
                 return True
+            detail = ", ".join(f"{k}: {v}" for k, v in services.items())
             if detail != last_detail and detail:
                 log.info("waiting for the mesh", services=detail)
                 last_detail = detail
@@ -293,14 +342,14 @@ class Mesh:
         now = time.monotonic()
         child.restarts = [t for t in child.restarts if now - t < 60] + [now]
         if len(child.restarts) > _MAX_RESTARTS_PER_MINUTE:
-            log.error("service keeps crashing; stopping the mesh", service=child.name)
+            log.error("service keeps crashing; stopping the mesh", **child.log_fields)
             self._stopping = True
             return
-        log.warning("service exited; restarting it", service=child.name, code=code)
+        log.warning("service exited; restarting it", **child.log_fields, code=code)
         try:
             child.start()
         except RuntimeError as exc:   # an embedded server exited at once: the next pass retries
-            log.error("service did not restart", service=child.name, error=str(exc))
+            log.error("service did not restart", **child.log_fields, error=str(exc))
 
     def stop(self) -> None:
         self._stopping = True
@@ -321,7 +370,7 @@ def _kill_if_hung(child: Child) -> None:
     silent_s = child.liveness.silent_s() if child.liveness is not None else None
     if silent_s is None or child.process is None or child.process.poll() is not None:
         return
-    log.warning("service hung; killing it", service=child.name, pid=child.process.pid,
+    log.warning("service hung; killing it", **child.log_fields, pid=child.process.pid,
                 silent_s=round(silent_s, 1))
     child.process.kill()
     child.process.wait()
@@ -339,7 +388,7 @@ def _reap(child: Child, timeout_s: float = 40.0) -> None:
     try:
         child.process.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        log.warning("service did not stop in time; killing it", service=child.name)
+        log.warning("service did not stop in time; killing it", **child.log_fields)
         child.process.kill()
         child.process.wait()
 
@@ -349,18 +398,30 @@ def _loopback(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "") else host
 
 
-def _mesh_health(base_url: str) -> tuple[bool, str]:
+def _mesh_health(base_url: str) -> tuple[bool, dict[str, str]]:
+    """Whether the gateway's /health answers 200, and what it says of each kind of service
+    ("scheduler": "2 ready")."""
     try:
         with urllib.request.urlopen(f"{base_url}/health", timeout=2) as response:
-            return response.status == 200, ""
+            return response.status == 200, _health_services(response.read())
     except urllib.error.HTTPError as exc:
-        try:
-            services = json.loads(exc.read()).get("services", {})
-        except (ValueError, AttributeError):
-            services = {}
-        return False, ", ".join(f"{k}: {v}" for k, v in services.items())
+        return False, _health_services(exc.read())
     except OSError:
-        return False, "gateway starting"
+        return False, {"gateway": "starting"}
+
+
+def _health_services(body: bytes) -> dict[str, str]:
+    try:
+        services = json.loads(body).get("services", {})
+    except (ValueError, AttributeError):
+        return {}
+    return services if isinstance(services, dict) else {}
+
+
+def _ready_count(detail: str) -> int:
+    """How many of a kind of service /health calls ready ("2 ready": 2; else 0)."""
+    count, _, rest = detail.partition(" ")
+    return int(count) if count.isdigit() and rest == "ready" else 0
 
 
 def _model_name(explicit: dict[str, Any]) -> str:
@@ -374,6 +435,8 @@ def main(argv: Sequence[str]) -> int:
     explicit = vars(parser.parse_args(argv))
     if not 0 <= explicit.get("services_nice", 0) <= 19:
         parser.error("--services-nice must be 0-19 (a lower niceness needs privileges)")
+    if explicit.get("data_parallel_size", 1) < 1:
+        parser.error("--data-parallel-size must be at least 1")
     configure_logging("llm-mesh", "launcher", explicit.get("log_level", "info"),
                       explicit.get("log_format", "auto"))
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
