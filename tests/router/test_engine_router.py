@@ -104,13 +104,15 @@ def test_a_session_sticks_then_spills_past_the_busy_threshold() -> None:
                                      {"reason": "session"}) == 1
 
 
-def test_least_loaded_and_round_robin_modes() -> None:
+def test_least_loaded_and_round_robin_modes_ignore_sessions() -> None:
     engines = [engine("e0", num_running=3), engine("e1"), engine("e2", num_running=1)]
     least = router(RouterMode.LEAST_LOADED)
-    assert [least.route(engines, tokens(i)).engine.engine_id for i in range(2)] == ["e1"] * 2
+    assert [least.route(engines, tokens(i), session_id="s").engine.engine_id
+            for i in range(2)] == ["e1"] * 2
     turns = router(RouterMode.ROUND_ROBIN)
-    assert [turns.route(engines, tokens(i)).engine.engine_id
+    assert [turns.route(engines, tokens(i), session_id="s").engine.engine_id
             for i in range(4)] == ["e0", "e1", "e2", "e0"]
+    assert len(least.sessions) == len(turns.sessions) == 0
 
 
 def test_sessions_expire_and_stay_bounded() -> None:

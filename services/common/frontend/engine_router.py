@@ -11,10 +11,10 @@ Modes (`--router-mode`):
   least-loaded   the fewest running + waiting + in-flight requests.
   round-robin    each engine in turn.
 
-Sessions: a request naming a session (the `prompt_cache_key` body field, OpenAI's name, or
-an `x-session-id` header) goes where its session went last, unless that engine is past
-`--router-session-busy-threshold` of its KV cache: it then spills to the router's choice,
-which becomes the session's engine.
+Sessions (kv mode; the other two are the plain baselines): a request naming a session (the
+`prompt_cache_key` body field, OpenAI's name, or an `x-session-id` header) goes where its
+session went last, unless that engine is past `--router-session-busy-threshold` of its KV
+cache: it then spills to the router's choice, which becomes the session's engine.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ class EngineRouter:
               session_id: str = "") -> Route:
         """Picks one of `engines` (non-empty: the ready candidates) for a prompt."""
         route = self._choose(engines, token_ids, cache_salt, session_id)
-        if session_id:
+        if session_id and self.mode is RouterMode.KV:
             self.sessions.bind(session_id, route.engine.engine_id)
         engine_id = route.engine.engine_id
         self._pending_blocks[engine_id] = (self._pending_blocks.get(engine_id, 0)
@@ -157,7 +157,7 @@ class EngineRouter:
 
     def _choose(self, engines: Sequence[EngineView], token_ids: np.ndarray, cache_salt: str,
                 session_id: str) -> Route:
-        if session_id:
+        if session_id and self.mode is RouterMode.KV:
             engine_id = self.sessions.get(session_id)
             held = next((e for e in engines if e.engine_id == engine_id), None)
             if held is not None:
