@@ -30,7 +30,7 @@ from enum import Enum
 import numpy as np
 
 from services.common.block_hash import BlockHasher
-from services.common.frontend.mesh_view import EngineView
+from services.common.frontend.mesh_view import EngineView, least_loaded
 from services.common.metrics import RouterMetrics
 from services.common.router import ApproximateIndex, EngineLoad, PrefixIndex, RoutingCost
 
@@ -174,42 +174,40 @@ class EngineRouter:
             ordered = sorted(engines, key=lambda e: e.engine_id)
             return Route(ordered[next(self._turn) % len(ordered)], "round_robin")
         if self.mode is RouterMode.LEAST_LOADED:
-            return Route(min(engines, key=lambda e: (e.load, e.engine_id)), "least_loaded")
+            return Route(least_loaded(engines), "least_loaded")
         return self._kv_route(engines, token_ids, cache_salt)
 
     def _kv_route(self, engines: Sequence[EngineView], token_ids: np.ndarray, cache_salt: str,
                   only: EngineView | None = None, reason: str = "") -> Route:
         block_size = engines[0].block_size
         hashes = self._hasher(block_size).hash_blocks(token_ids, cache_salt)
-        publishers = set(self.index.workers)
-        overlaps = self._overlaps(engines, hashes, publishers)
+        overlaps = self._overlaps(engines, hashes)
         num_prompt_blocks = math.ceil(len(token_ids) / block_size)
         if only is not None:
             chosen, num_overlap = only, overlaps.get(only.engine_id, 0)
         else:
             decision = self._cost(block_size).choose(
-                num_prompt_blocks, {e.engine_id: self._load(e, publishers) for e in engines},
-                overlaps)
+                num_prompt_blocks, {e.engine_id: self._load(e) for e in engines}, overlaps)
             chosen = next(e for e in engines if e.engine_id == decision.engine_id)
             num_overlap, reason = overlaps.get(chosen.engine_id, 0), decision.reason.value
-        if chosen.scheduler_id not in publishers:
+        if not self.index.knows(chosen.scheduler_id):
             self.approximate.record(chosen.engine_id, hashes)
         return Route(chosen, reason, num_overlap * block_size,
                      num_prompt_blocks - num_overlap, num_prompt_blocks, block_size)
 
-    def _overlaps(self, engines: Sequence[EngineView], hashes: list[bytes],
-                  publishers: set[str]) -> dict[str, int]:
+    def _overlaps(self, engines: Sequence[EngineView], hashes: list[bytes]) -> dict[str, int]:
         """Engine id -> leading blocks held: from KV events where its scheduler publishes
         them, else from this router's predictions."""
         published = self.index.overlaps(hashes) if hashes else {}
         predicted = self.approximate.overlaps(hashes) if hashes else {}
-        return {e.engine_id: (published.get(e.scheduler_id, 0) if e.scheduler_id in publishers
+        return {e.engine_id: (published.get(e.scheduler_id, 0)
+                              if self.index.knows(e.scheduler_id)
                               else predicted.get(e.engine_id, 0)) for e in engines}
 
-    def _load(self, engine: EngineView, publishers: set[str]) -> EngineLoad:
+    def _load(self, engine: EngineView) -> EngineLoad:
         block_size = max(engine.block_size, 1)
         num_cached = (self.index.num_blocks_of(engine.scheduler_id)
-                      if engine.scheduler_id in publishers
+                      if self.index.knows(engine.scheduler_id)
                       else self.approximate.num_blocks_of(engine.engine_id))
         reported = round(engine.kv_cache_usage * engine.num_blocks)
         return EngineLoad(

@@ -24,7 +24,7 @@ from services.common.frontend.errors import (
     unavailable,
 )
 from services.common.frontend.mesh_client import Generation, MeshClient, TextDelta
-from services.common.frontend.mesh_view import EngineView, MeshView
+from services.common.frontend.mesh_view import EngineView, MeshView, least_loaded
 from services.common.frontend.request_stats import RequestTimer
 from services.common.frontend.structured_outputs import GrammarRequest
 from services.common.packing import unpack_int32
@@ -142,7 +142,7 @@ class GenerationRun:
         from the first prompt's tokens, the least loaded without one."""
         engines = self._candidates(plan.model)
         if self.router is None:
-            engine = min(engines, key=lambda e: (e.load, e.engine_id))
+            engine = least_loaded(engines)
         else:
             self.route = self.router.route(engines, unpack_int32(self.prompts[0].token_ids),
                                            plan.cache_salt, plan.session_id)
@@ -197,7 +197,7 @@ class GenerationRun:
                 log.info("engine refused a request; submitting to another",
                          request_id=request.request_id, engine=engine.engine_id,
                          code=exc.code, error=exc.message)
-                engine = min(others, key=lambda e: (e.load, e.engine_id))
+                engine = least_loaded(others)
 
     def _candidates(self, model: str) -> list[EngineView]:
         engines = self.view.candidate_engines(model)
@@ -336,7 +336,8 @@ class GenerationRun:
         return sum(p.num_tokens for p in self.prompts)
 
     def _settle_route(self) -> None:
-        if self.router is not None and self.route is not None:
+        # NOTE: runs on every delta; only the first one settles.
+        if self.router is not None and self.route is not None and not self.route.settled:
             self.router.settle(self.route)
 
     async def close(self) -> None:

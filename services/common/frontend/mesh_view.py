@@ -59,6 +59,11 @@ class EngineView:
         return self.num_running + self.num_waiting + self.in_flight_here
 
 
+def least_loaded(engines: Collection[EngineView]) -> EngineView:
+    """The engine with the fewest requests (running, waiting, sent from here); ties by id."""
+    return min(engines, key=lambda e: (e.load, e.engine_id))
+
+
 @dataclass
 class MeshView:
     stale_after_s: float
@@ -147,8 +152,8 @@ class MeshView:
 
     def pick_engine(self, model: str, avoid: Collection[str] = ()) -> EngineView | None:
         """The least-loaded of candidate_engines()."""
-        return min(self.candidate_engines(model, avoid), key=lambda e: (e.load, e.engine_id),
-                   default=None)
+        engines = self.candidate_engines(model, avoid)
+        return least_loaded(engines) if engines else None
 
     def candidate_engines(self, model: str, avoid: Collection[str] = ()) -> list[EngineView]:
         """The ready engines serving `model` a request may go to (none of `avoid`):
@@ -165,7 +170,7 @@ class MeshView:
         producers = [e for e in engines if e.kv_role == "producer"]
         if not producers or not any(e.kv_role == "consumer" for e in engines):
             return None
-        return min(producers, key=lambda e: (e.load, e.engine_id))
+        return least_loaded(producers)
 
     def health(self) -> tuple[bool, dict[str, str]]:
         """Ready when at least one tokenizer and one engine (scheduler + worker) are ready."""

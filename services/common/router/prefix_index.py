@@ -68,9 +68,9 @@ class PrefixIndex:
     def num_blocks_of(self, worker_id: str) -> int:
         return sum(map(len, self._worker_to_blocks.get(worker_id, {}).values()))
 
-    @property
-    def workers(self) -> list[str]:
-        return list(self._worker_to_bit)
+    def knows(self, worker_id: str) -> bool:
+        """Whether the worker has published (an empty pool included) and not left."""
+        return worker_id in self._worker_to_bit
 
     def remove(self, worker_id: str, block_hashes: Iterable[bytes],
                medium: wire.KvMedium = wire.KvMedium.GPU) -> None:
