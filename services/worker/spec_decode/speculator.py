@@ -1,0 +1,55 @@
+"""What the model runner asks of speculative decoding: drafts for the requests that just
+sampled (reported in the StepOutput), and the requests that arrive and leave."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from services.common import wire
+from services.common.packing import pack_int32
+from services.worker.config import RunnerConfig, RunnerInfo
+from services.worker.input_batch import InputBatch
+from services.worker.spec_decode.draft_model_proposer import DraftModelProposer
+from services.worker.spec_decode.ngram_proposer import NgramProposer
+from services.worker.spec_decode.proposer import Proposer
+from services.worker.spec_decode.suffix_proposer import SuffixProposer
+
+
+class Speculator:
+    def __init__(self, config: RunnerConfig, device: torch.device, info: RunnerInfo) -> None:
+        """config: the runner's, with its speculative_config; info: what the runner built
+        (the draft model's KV cache follows the target's blocks)."""
+        spec = config.speculative_config
+        assert spec is not None
+        self.proposer: Proposer
+        if spec.method == "draft_model":
+            self.proposer = DraftModelProposer(config, device, info)
+        else:
+            self.proposer = (SuffixProposer if spec.method == "suffix"
+                             else NgramProposer)(spec, info.max_model_len)
+
+    def propose(self, batch: InputBatch, handles: np.ndarray, rows: np.ndarray,
+                out: wire.StepOutput) -> None:
+        """Drafts for the next step of the requests that sampled (`handles` at `rows`) and
+        may speculate; a request still short of min_tokens bans stop tokens by its output
+        count, which drafts would move, so it waits."""
+        eligible = batch.can_speculate[rows] & (
+            batch.num_tokens[rows] - batch.num_prompt_tokens[rows] >= batch.min_tokens[rows])
+        batch.num_draft_tokens[rows] = 0
+        num_drafts = self.proposer.propose(batch, rows[eligible])
+        drafted = num_drafts > 0
+        if drafted.any():
+            out.draft_handles = pack_int32(handles[eligible][drafted])
+            out.num_draft_tokens = pack_int32(num_drafts[drafted])
+
+    def add_requests(self, batch: InputBatch, handles: list[int]) -> None:
+        """The requests of `handles` just took rows (new, resumed, or sent again)."""
+        if handles:
+            self.proposer.add_requests(batch.rows_of(handles).tolist())
+
+    def remember(self, batch: InputBatch, handles: list[int]) -> None:
+        """The requests of `handles` finished (or were preempted) and their rows go."""
+        rows = [row for handle in handles if (row := batch.handle_to_row.get(handle)) is not None]
+        if rows:
+            self.proposer.remember(batch, rows)
