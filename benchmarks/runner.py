@@ -11,10 +11,12 @@ the pure-torch fallback (LLM_MESH_CPU_KERNELS=0), and prints the torch/cpp step-
 --mixed-contexts 160x15,2100x1 adds a decode batch of unequal contexts (15 requests of 160
 tokens and one of 2,100); --background busy|light runs a competing process during the
 measurements (busy: one core kept at 100%; light: ~1 ms of CPU every 10 ms, like the mesh's
-other services).
+other services). --tensor-parallel-sizes 1,2 runs the model on one rank and split over two
+(each rank on its share of the cores) and prints the TP=2/TP=1 step-time ratios.
 
     .venv/bin/python -m benchmarks.runner --dtypes float32,bfloat16 --batch-sizes 1,8,32,64
     .venv/bin/python -m benchmarks.runner --kernels cpp,torch --mixed-contexts 160x15,2100x1
+    .venv/bin/python -m benchmarks.runner --weights dense --tensor-parallel-sizes 1,2
 """
 
 from __future__ import annotations
@@ -195,9 +197,10 @@ def read_bandwidth_gbs() -> float:
 
 
 def bench_dtype(args: argparse.Namespace, files: ModelFiles, dtype: str, kernels: str,
-                weights: str, bandwidth: float) -> dict[str, float]:
+                weights: str, bandwidth: float, tensor_parallel_size: int = 1) -> dict[str, float]:
     """Median decode step (ms) per batch label, with the C++ kernels or the torch fallback,
-    and with the GGUF's blocks for small fp32 batches or the dense weights only."""
+    with the GGUF's blocks for small fp32 batches or the dense weights only, on one rank or
+    split over tensor-parallel ranks."""
     os.environ[cpu_ops.ENV_CPU_KERNELS] = "0" if kernels == "torch" else "1"
     started = time.perf_counter()
     longest = max([args.prompt_len] + [n for n, _ in args.mixed_contexts])
@@ -208,9 +211,19 @@ def bench_dtype(args: argparse.Namespace, files: ModelFiles, dtype: str, kernels
         kv_cache_memory=int(args.kv_cache_gib * 2**30),
         max_num_seqs=max(args.batch_sizes + [sum(c for _, c in args.mixed_contexts)]),
         max_num_batched_tokens=args.max_num_batched_tokens,
-        attention_backend=args.attention_backend, num_threads=args.num_threads))
+        attention_backend=args.attention_backend, num_threads=args.num_threads,
+        tensor_parallel_size=tensor_parallel_size))
+    try:
+        return _bench_runner(args, runner, dtype, kernels, weights, bandwidth, started)
+    finally:
+        runner.close()
+
+
+def _bench_runner(args: argparse.Namespace, runner: ModelRunner, dtype: str, kernels: str,
+                  weights: str, bandwidth: float, started: float) -> dict[str, float]:
     kv_tokens = (runner.info.num_blocks - 1) * runner.info.block_size
-    print(f"\n== {dtype}, {kernels} kernels, {weights} weights "
+    print(f"\n== {dtype}, {kernels} kernels, {weights} weights, "
+          f"tensor parallel {runner.config.tensor_parallel_size} "
           f"({type(runner.attn_backend).__name__}; kv cache "
           f"{args.kv_cache_dtype}: {kv_tokens} tokens in {args.kv_cache_gib} GiB, "
           f"{runner.kv_spec.bytes_per_token} B/token; start-up "
@@ -290,6 +303,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--weights", default="gguf",
                         help="gguf (small fp32 batches read a GGUF model's blocks, as the "
                              "worker does), dense, or both: gguf,dense")
+    parser.add_argument("--tensor-parallel-sizes", default="1",
+                        help="ranks to split the model over, or two to compare: 1,2")
     parser.add_argument("--mixed-contexts", default="", type=parse_contexts,
                         help="also a decode batch of unequal contexts, e.g. 160x15,2100x1")
     parser.add_argument("--background", default="none", choices=["none", *BACKGROUND_CODE],
@@ -309,13 +324,18 @@ def main(argv: Sequence[str] | None = None) -> None:
               f"{os.environ.get('OMP_WAIT_POLICY', '-')} GOMP_SPINCOUNT="
               f"{os.environ.get('GOMP_SPINCOUNT', '-')}")
         kernels, weights = args.kernels.split(","), args.weights.split(",")
+        sizes = [int(n) for n in args.tensor_parallel_sizes.split(",")]
         for dtype in args.dtypes.split(","):
-            results = {(k, w): bench_dtype(args, files, dtype, k, w, bandwidth)
-                       for k in kernels for w in weights}
+            results = {(k, w, tp): bench_dtype(args, files, dtype, k, w, bandwidth, tp)
+                       for k in kernels for w in weights for tp in sizes}
+            k0, w0, tp0 = kernels[0], weights[0], sizes[0]
             if len(kernels) == 2:
-                print_ratio(dtype, "kernels", kernels, [results[k, weights[0]] for k in kernels])
+                print_ratio(dtype, "kernels", kernels, [results[k, w0, tp0] for k in kernels])
             if len(weights) == 2:
-                print_ratio(dtype, "weights", weights, [results[kernels[0], w] for w in weights])
+                print_ratio(dtype, "weights", weights, [results[k0, w, tp0] for w in weights])
+            if len(sizes) == 2:
+                print_ratio(dtype, "tensor parallel", [f"TP={n}" for n in sizes],
+                            [results[k0, w0, tp] for tp in sizes])
     finally:
         if background is not None:
             background.kill()

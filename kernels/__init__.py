@@ -7,6 +7,10 @@
                             seq_lens, scale, max_query_len, k_scale=None, v_scale=None, out=None)
     ref_reshape_and_cache / ref_paged_decode_attention / ref_paged_prefill_attention: the same
     in plain torch (fp32 math), for the CPU backend and the tests.
+    Both attentions also take sliding_window=None (query at p sees keys p - window < j <= p)
+    and logits_soft_cap=None (scores -> cap * tanh(scores / cap)), per layer.
+    fused_moe(hidden, w13, w2, topk_weights, topk_ids) / ref_fused_moe: mixture-of-experts
+    (Triton grouped GEMMs / the torch reference grouped by expert, also the CPU path).
 
 Conventions: caches are [num_blocks, block_size, num_kv_heads, head_dim] (vLLM's flash layout),
 slot = block_id * block_size + offset, block 0 is the null block; block_tables int32
@@ -29,6 +33,8 @@ _NAME_TO_MODULE = {
     "ref_reshape_and_cache": "kernels.reference",
     "ref_paged_decode_attention": "kernels.reference",
     "ref_paged_prefill_attention": "kernels.reference",
+    "fused_moe": "kernels.triton_fused_moe",
+    "ref_fused_moe": "kernels.moe_reference",
 }
 
 __all__ = sorted(_NAME_TO_MODULE)

@@ -69,14 +69,24 @@ def _attend(
     v: torch.Tensor,
     q_positions: torch.Tensor,
     scale: float,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:
-    """Causal attention of q [Lq, Hq, D] over k, v [Lk, Hkv, D] (key j at position j), fp32."""
+    """Causal attention of q [Lq, Hq, D] over k, v [Lk, Hkv, D] (key j at position j), fp32.
+
+    With a sliding window, query position p sees keys p - sliding_window < j <= p; with a
+    soft-cap, scores become cap * tanh(scores / cap) before masking and the softmax.
+    """
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1)  # query head h reads kv head h // group
     v = v.repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q.float(), k) * scale
+    if logits_soft_cap is not None:
+        scores = torch.tanh(scores / logits_soft_cap) * logits_soft_cap
     key_positions = torch.arange(k.shape[0], device=q.device)
     visible = key_positions[None, :] <= q_positions[:, None]  # [Lq, Lk]
+    if sliding_window is not None:
+        visible &= key_positions[None, :] > q_positions[:, None] - sliding_window
     scores = scores.masked_fill(~visible[None], float("-inf"))
     return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v)
 
@@ -92,6 +102,8 @@ def ref_paged_prefill_attention(
     max_query_len: int | None = None,
     k_scale: float | torch.Tensor | None = None,
     v_scale: float | torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:
     """Varlen causal attention over a paged context; returns [T, Hq, D] in query.dtype.
 
@@ -109,9 +121,9 @@ def ref_paged_prefill_attention(
         k = _gather_context(key_cache, block_tables[b], seq_len, k_scale)
         v = _gather_context(value_cache, block_tables[b], seq_len, v_scale)
         q_positions = torch.arange(seq_len - (q_end - q_start), seq_len, device=query.device)
-        out[q_start:q_end] = _attend(query[q_start:q_end], k, v, q_positions, scale).to(
-            query.dtype
-        )
+        out[q_start:q_end] = _attend(
+            query[q_start:q_end], k, v, q_positions, scale, sliding_window, logits_soft_cap
+        ).to(query.dtype)
     return out
 
 
@@ -125,6 +137,8 @@ def ref_paged_decode_attention(
     num_kv_splits: int | None = None,
     k_scale: float | torch.Tensor | None = None,
     v_scale: float | torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:
     """One query token per sequence (query [B, Hq, D]) at position seq_lens[b] - 1.
 
@@ -135,5 +149,6 @@ def ref_paged_decode_attention(
     query_start_loc = torch.arange(num_seqs + 1, dtype=torch.int32, device=query.device)
     return ref_paged_prefill_attention(
         query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale,
-        k_scale=k_scale, v_scale=v_scale,
+        k_scale=k_scale, v_scale=v_scale, sliding_window=sliding_window,
+        logits_soft_cap=logits_soft_cap,
     )

@@ -4,8 +4,9 @@ Program (seq b, kv head h, split s) holds the GROUP query heads that read kv hea
 of one [BLOCK_G, D] tile (padded to >= 16 rows with masks, as GPU dots require), so every K/V
 tile is loaded once for the whole group. With num_kv_splits > 1 each split covers a slice of the
 context and writes its output over that slice plus the slice's log-sum-exp; a second kernel
-merges the splits, weighting each by exp(lse). Splitting keeps the GPU busy when batch x kv heads is smaller than the SM count and
-the contexts are long (the flash-decoding idea).
+merges the splits, weighting each by exp(lse). Splitting keeps the GPU busy when batch x kv
+heads is smaller than the SM count and the contexts are long (the flash-decoding idea). With a
+sliding window the splits cut only the keys inside it (the last `window` positions).
 """
 
 import functools
@@ -23,6 +24,8 @@ from kernels.triton_paged_kv import (
     next_pow2,
     output_buffer,
     scale_arg,
+    soft_cap_arg,
+    window_arg,
 )
 
 BLOCK_N = 64  # keys per tile
@@ -35,7 +38,7 @@ DEFAULT_SM_COUNT_CPU = 1  # the interpreter runs programs one by one: splitting 
 def _decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, k_scale_ptr, v_scale_ptr,
     out_ptr, part_out_ptr, part_lse_ptr,
-    qk_scale,
+    qk_scale, window,
     stride_qb, stride_qh,
     stride_kb, stride_ko, stride_kh,
     stride_vb, stride_vo, stride_vh,
@@ -45,6 +48,7 @@ def _decode_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr, IS_FP8: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
+    SOFT_CAP: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -65,9 +69,10 @@ def _decode_kernel(
         k_scale = tl.load(k_scale_ptr)
         v_scale = tl.load(v_scale_ptr)
 
-    # This split's slice of the context, rounded to whole tiles (may be empty).
-    tokens_per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    kv_start = split * tokens_per_split
+    # This split's slice of the visible keys, rounded to whole tiles (may be empty).
+    kv_first = tl.maximum(seq_len - window, 0)
+    tokens_per_split = tl.cdiv(tl.cdiv(seq_len - kv_first, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    kv_start = kv_first + split * tokens_per_split
     kv_end = tl.minimum(kv_start + tokens_per_split, seq_len)
 
     m_i = tl.full([BLOCK_G], -1.0e30, dtype=tl.float32)
@@ -81,7 +86,8 @@ def _decode_kernel(
                          stride_kb, stride_ko, stride_kh, BLOCK_SIZE, IS_FP8, COMPUTE_DTYPE)
         v = load_kv_tile(v_cache_ptr, bt_row, offs_n, mask_n, kv_head, offs_d, mask_d, v_scale,
                          stride_vb, stride_vo, stride_vh, BLOCK_SIZE, IS_FP8, COMPUTE_DTYPE)
-        m_i, l_i, acc = attend_tile(q, k, v, mask_n[None, :], m_i, l_i, acc, qk_scale)
+        m_i, l_i, acc = attend_tile(q, k, v, mask_n[None, :], m_i, l_i, acc, qk_scale,
+                                    SOFT_CAP)
 
     out_mask = mask_g[:, None] & mask_d[None, :]
     if NUM_SPLITS == 1:
@@ -157,11 +163,15 @@ def paged_decode_attention(
     k_scale: float | torch.Tensor | None = None,
     v_scale: float | torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:
     """Attention of query [B, Hq, D] (position seq_lens[b] - 1) over its paged context.
 
     num_kv_splits None picks one from the shapes (the context bound is the block table width,
     so nothing is read back from the device). k_scale / v_scale apply to an fp8 cache only.
+    sliding_window: the query sees only the last `sliding_window` keys (itself included);
+    logits_soft_cap: scores are capped as cap * tanh(score / cap).
     """
     is_fp8 = check_kv_cache(key_cache, value_cache)
     num_seqs, num_q_heads, head_dim = query.shape
@@ -174,7 +184,7 @@ def paged_decode_attention(
     if num_seqs == 0:
         return out
     if num_kv_splits is None:
-        max_context = block_tables.shape[1] * block_size
+        max_context = min(block_tables.shape[1] * block_size, window_arg(sliding_window))
         num_kv_splits = choose_num_kv_splits(
             num_seqs, num_kv_heads, max_context, _sm_count(query.device)
         )
@@ -197,7 +207,7 @@ def paged_decode_attention(
     _decode_kernel[(num_seqs, num_kv_heads, num_kv_splits)](
         query, key_cache, value_cache, block_tables, seq_lens, k_scale_t, v_scale_t,
         out, part_out, part_lse,
-        scale * LOG2E,
+        scale * LOG2E, window_arg(sliding_window),
         query.stride(0), query.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
@@ -207,6 +217,7 @@ def paged_decode_attention(
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_G=next_pow2(group, 16), BLOCK_D=block_d, BLOCK_N=BLOCK_N,
         NUM_SPLITS=num_kv_splits, IS_FP8=is_fp8, COMPUTE_DTYPE=compute_dtype(query),
+        SOFT_CAP=soft_cap_arg(logits_soft_cap),
     )
     if num_kv_splits > 1:
         _merge_splits_kernel[(num_seqs, num_q_heads)](

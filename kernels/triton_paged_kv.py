@@ -6,7 +6,8 @@
 - host helpers: dtype checks, fp8 scale pointers, tile sizes.
 
 Scores live in the log2 domain (qk_scale already holds log2(e)), so kernels use exp2 and
-partial log-sum-exps are base 2 as well.
+partial log-sum-exps are base 2 as well. A soft-cap c on natural-log scores is the cap
+c * log2(e) on these (c tanh(s / c) scales linearly), so kernels take it pre-multiplied.
 """
 
 import functools
@@ -16,6 +17,7 @@ import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
+NO_WINDOW = 2**30  # a sliding window no context reaches (kernel arithmetic stays in int32)
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -49,17 +51,23 @@ def load_kv_tile(
 
 
 @triton.jit
-def attend_tile(q, k, v, visible, m_i, l_i, acc, qk_scale):
+def attend_tile(q, k, v, visible, m_i, l_i, acc, qk_scale, SOFT_CAP: tl.constexpr = 0.0):
     """Online-softmax update of (m_i, l_i, acc) with one key/value tile.
 
     q [M, D], k/v [N, D] in the compute dtype; visible [M, N]; m_i/l_i [M] and acc [M, D] fp32.
+    SOFT_CAP > 0: scores become SOFT_CAP * tanh(scores / SOFT_CAP) (log2 domain, see above).
     """
     if q.dtype == tl.float32:
         # NOTE: "ieee" keeps fp32 inputs exact on GPUs (the default would be tf32).
         s = tl.dot(q, tl.trans(k), input_precision="ieee")
     else:
         s = tl.dot(q, tl.trans(k))
-    s = tl.where(visible, s * qk_scale, float("-inf"))
+    s = s * qk_scale
+    if SOFT_CAP > 0.0:
+        # NOTE: tanh(x) = 1 - 2 / (e^2x + 1) (e^2x = 2^(2 log2(e) x)): triton has no portable
+        # tanh; e^2x saturates to inf / 0 at the ends, which gives +-1 exactly.
+        s = SOFT_CAP * (1.0 - 2.0 / (tl.exp2(s * (2.8853900817779268 / SOFT_CAP)) + 1.0))
+    s = tl.where(visible, s, float("-inf"))
     # m_i starts at a finite floor, so a fully masked row gives exp2(-inf) = 0, never NaN.
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     alpha = tl.exp2(m_i - m_new)
@@ -129,6 +137,16 @@ def output_buffer(query: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor
     if out.shape != query.shape or out.dtype != query.dtype or out.stride(-1) != 1:
         raise ValueError("out must match query in shape and dtype, head_dim contiguous")
     return out
+
+
+def soft_cap_arg(logits_soft_cap: float | None) -> float:
+    """The SOFT_CAP constexpr of attend_tile for a natural-log cap (None: 0.0, no capping)."""
+    return 0.0 if logits_soft_cap is None else float(logits_soft_cap) * LOG2E
+
+
+def window_arg(sliding_window: int | None) -> int:
+    """A kernel's window argument: None reads as a window longer than any context."""
+    return NO_WINDOW if sliding_window is None else int(sliding_window)
 
 
 def next_pow2(n: int, minimum: int = 1) -> int:

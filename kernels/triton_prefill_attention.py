@@ -3,7 +3,8 @@
 Program (q block, kv head) takes BLOCK_Q consecutive query tokens of one sequence times the
 GROUP query heads that read that kv head, flattened into BLOCK_M = BLOCK_Q x BLOCK_G rows
 (row = token * BLOCK_G + head-in-group), so each K/V tile is loaded once for all of them. Keys
-come from the paged cache only: the cache write of this step runs before attention.
+come from the paged cache only: the cache write of this step runs before attention. With a
+sliding window the key loop starts at the first key the block's first query still sees.
 
 The grid needs no host sync: sequence b's q blocks are numbered from
 query_start_loc[b] // BLOCK_Q + b, which leaves room for cdiv(q_len_b, BLOCK_Q) blocks, so
@@ -24,6 +25,8 @@ from kernels.triton_paged_kv import (
     next_pow2,
     output_buffer,
     scale_arg,
+    soft_cap_arg,
+    window_arg,
 )
 
 BLOCK_M = 64  # query rows (tokens x heads in group) per program
@@ -51,7 +54,7 @@ def _find_seq(query_start_loc_ptr, num_seqs, q_block, BLOCK_Q: tl.constexpr):
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, query_start_loc_ptr, seq_lens_ptr,
     k_scale_ptr, v_scale_ptr, out_ptr,
-    qk_scale, num_seqs,
+    qk_scale, num_seqs, window,
     stride_qt, stride_qh,
     stride_kb, stride_ko, stride_kh,
     stride_vb, stride_vo, stride_vh,
@@ -60,7 +63,7 @@ def _prefill_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_FP8: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
+    IS_FP8: tl.constexpr, COMPUTE_DTYPE: tl.constexpr, SOFT_CAP: tl.constexpr,
 ):
     kv_head = tl.program_id(1)
     q_block_global = tl.program_id(0)
@@ -91,21 +94,24 @@ def _prefill_kernel(
         k_scale = tl.load(k_scale_ptr)
         v_scale = tl.load(v_scale_ptr)
 
-    # The last query of this block sees keys up to its own position, and no further.
+    # The last query of this block sees keys up to its own position, and no further; the
+    # first sees none at or before its position - window.
     kv_end = tl.minimum(seq_len, context_len + (q_block + 1) * BLOCK_Q)
+    kv_begin = tl.maximum(context_len + q_block * BLOCK_Q - window + 1, 0)
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    for start_n in range(0, kv_end, BLOCK_N):
+    for start_n in range(kv_begin, kv_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         mask_n = offs_n < kv_end
         k = load_kv_tile(k_cache_ptr, bt_row, offs_n, mask_n, kv_head, offs_d, mask_d, k_scale,
                          stride_kb, stride_ko, stride_kh, BLOCK_SIZE, IS_FP8, COMPUTE_DTYPE)
         v = load_kv_tile(v_cache_ptr, bt_row, offs_n, mask_n, kv_head, offs_d, mask_d, v_scale,
                          stride_vb, stride_vo, stride_vh, BLOCK_SIZE, IS_FP8, COMPUTE_DTYPE)
-        visible = mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None])
-        m_i, l_i, acc = attend_tile(q, k, v, visible, m_i, l_i, acc, qk_scale)
+        visible = (mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None])
+                   & (offs_n[None, :] > q_pos[:, None] - window))
+        m_i, l_i, acc = attend_tile(q, k, v, visible, m_i, l_i, acc, qk_scale, SOFT_CAP)
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     o_ptrs = out_ptr + tokens[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
@@ -124,11 +130,15 @@ def paged_prefill_attention(
     k_scale: float | torch.Tensor | None = None,
     v_scale: float | torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of the flattened varlen query [T, Hq, D] over each sequence's pages.
 
     max_query_len is accepted for vLLM parity; the grid is sized from T and the batch instead,
     so a wrong value cannot drop query rows. k_scale / v_scale apply to an fp8 cache only.
+    sliding_window: query position p sees keys (p - sliding_window, p]; logits_soft_cap:
+    scores are capped as cap * tanh(score / cap).
     """
     del max_query_len
     is_fp8 = check_kv_cache(key_cache, value_cache)
@@ -150,7 +160,7 @@ def paged_prefill_attention(
     _prefill_kernel[grid](
         query, key_cache, value_cache, block_tables, query_start_loc, seq_lens,
         scale_arg(k_scale, is_fp8, key_cache), scale_arg(v_scale, is_fp8, key_cache), out,
-        scale * LOG2E, num_seqs,
+        scale * LOG2E, num_seqs, window_arg(sliding_window),
         query.stride(0), query.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
@@ -160,5 +170,6 @@ def paged_prefill_attention(
         BLOCK_G=block_g, BLOCK_Q=block_q, BLOCK_M=block_m,
         BLOCK_D=next_pow2(head_dim, 16), BLOCK_N=BLOCK_N,
         IS_FP8=is_fp8, COMPUTE_DTYPE=compute_dtype(query),
+        SOFT_CAP=soft_cap_arg(logits_soft_cap),
     )
     return out

@@ -252,9 +252,14 @@ class Mesh:
         services = [(name, engine) for name in SERVICES
                     if name != "kvstore" or self.explicit.get("enable_kv_connector", True)
                     for engine in (engines if name in ENGINE_SERVICES else [None])]
-        for (name, engine), port in zip(services, free_ports(len(services)), strict=True):
+        # NOTE: the kvstore's gRPC port is picked with the health ports: a port the OS handed
+        # it (0: any) could be one picked here for a service that has not bound it yet.
+        *ports, grpc_port = free_ports(len(services) + 1)
+        for (name, engine), port in zip(services, ports, strict=True):
             settings = self.explicit if engine is None else {**self.explicit,
                                                              **engine.overrides}
+            if name == "kvstore" and not settings.get("grpc_port"):
+                settings = {**settings, "grpc_port": grpc_port}
             argv, env = service_argv(name, settings)
             env[env_name("nats_url")] = nats_url
             if "redis_url" in {f.name for f in dataclasses.fields(SERVICES[name])}:

@@ -5,7 +5,10 @@
 #      KV splits, varlen prefill over a paged context, fp8);
 #   2. the worker's decode step time and prefill speed with the triton backend and CUDA
 #      graphs (benchmarks/runner.py), bf16 and fp32, batch 1..256, on a random model of
-#      SmolLM2-135M's shape (the embedded model's wheel is too big to travel to the device).
+#      SmolLM2-135M's shape (the embedded model's wheel is too big to travel to the device);
+#   3. tensor parallelism over NCCL, where there are two GPUs (a rank needs one of its own):
+#      two ranks against HF on tiny models of each dense family, and the TP=2 / TP=1 step
+#      time on the SmolLM2-shaped model.
 # Results land in $OUT (default bench-results/gpu).
 #
 # The device image has python3 with torch, triton, transformers and pytest; the project's
@@ -48,3 +51,15 @@ EOF
 timeout 300 $PY -m benchmarks.runner --model "$MODEL_DIR" --dtypes bfloat16,float32 \
   --batch-sizes 1,8,32,64,128,256 --kv-cache-gib 8 --prompt-len 128 \
   2>&1 | tee "$OUT/bench-runner.txt"
+
+NUM_GPUS=$($PY -c "import torch; print(torch.cuda.device_count())")
+if [ "$NUM_GPUS" -ge 2 ]; then
+  timeout 240 $PY -m pytest -q -p no:cacheprovider --noconftest \
+    tests/worker/test_tensor_parallel.py -k two_ranks_match_hf 2>&1 | tee "$OUT/tp-tests.txt"
+  timeout 240 $PY -m benchmarks.runner --model "$MODEL_DIR" --dtypes bfloat16 \
+    --batch-sizes 1,8,32,128 --kv-cache-gib 8 --tensor-parallel-sizes 1,2 \
+    2>&1 | tee "$OUT/bench-tp.txt"
+else
+  echo "tensor parallel: skipped, $NUM_GPUS GPU (NCCL ranks need a GPU each)" \
+    | tee "$OUT/tp-tests.txt"
+fi

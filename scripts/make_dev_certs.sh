@@ -2,9 +2,13 @@
 # Throwaway certificates for TLS under compose (docs/operations.md): a CA, a server
 # certificate for the `nats` and `kvstore` services (and localhost), and one client
 # certificate every service presents. For a first try only: use your own PKI in production.
-#   scripts/make_dev_certs.sh [directory, default compose/tls]
+# On several machines (compose/docker-compose.multihost.yml), name them after the directory:
+# the server certificate covers them, and serves the NATS nodes' routes to each other too.
+#   scripts/make_dev_certs.sh [directory, default compose/tls] [host name ...]
 set -euo pipefail
 out="${1:-$(dirname "$0")/../compose/tls}"
+extra_names=""
+for host in "${@:2}"; do extra_names+=",DNS:$host"; done
 mkdir -p "$out"
 cd "$out"
 days=365
@@ -21,8 +25,8 @@ issue() {  # name, subject CN, extensions
         -days "$days" -extfile "$1.ext" -out "$1.pem" 2>/dev/null
     rm -f "$1.csr" "$1.ext"
 }
-issue server nats "subjectAltName=DNS:nats,DNS:kvstore,DNS:localhost,IP:127.0.0.1
-extendedKeyUsage=serverAuth"
+issue server nats "subjectAltName=DNS:nats,DNS:kvstore,DNS:localhost,IP:127.0.0.1$extra_names
+extendedKeyUsage=serverAuth,clientAuth"
 issue client llm-mesh-service "extendedKeyUsage=clientAuth"
 rm -f ca.srl
 # The services' image runs as uid 10001, which must read the client key through the bind

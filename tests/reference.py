@@ -25,13 +25,20 @@ def _load(dtype: torch.dtype) -> tuple[AutoModelForCausalLM, AutoTokenizer]:
 
 def hf_greedy_ids(prompt_ids: list[int], max_new_tokens: int,
                   dtype: torch.dtype = torch.float32) -> list[int]:
-    """HF's greedy `generate` continuation (stops after EOS, as generate does)."""
+    """HF's greedy `generate` continuation (stops after EOS, as generate does). Cached: test
+    modules comparing different runners with HF on the same prompts pay for it once."""
+    return list(_hf_greedy_ids(tuple(prompt_ids), max_new_tokens, dtype))
+
+
+@functools.cache
+def _hf_greedy_ids(prompt_ids: tuple[int, ...], max_new_tokens: int,
+                   dtype: torch.dtype) -> tuple[int, ...]:
     model, _ = hf_model(dtype)
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt_ids]), attention_mask=torch.ones(
             1, len(prompt_ids), dtype=torch.long), max_new_tokens=max_new_tokens,
             do_sample=False)
-    return out[0, len(prompt_ids):].tolist()
+    return tuple(out[0, len(prompt_ids):].tolist())
 
 
 def hf_chat_prompt_ids(content: str) -> list[int]:

@@ -7,6 +7,8 @@
 // large next to one thread's share (flash-decoding): split items leave fp32 partials (acc, max,
 // sum) that a merge pass combines. Items are then cut into one contiguous range per thread with
 // near-equal estimated cost, so one long context among short ones does not leave a thread idle.
+// With a sliding window (layers that have one get a plan of their own) key ranges start at the
+// first key the item's first query still sees: a decode reads and splits only its window.
 #include "attention.h"
 
 #include <ATen/ops/empty.h>
@@ -27,7 +29,13 @@ int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_plan(
     const at::Tensor& query_start_loc, const at::Tensor& seq_lens, int64_t num_kv_heads,
-    int64_t group, int64_t head_dim) {
+    int64_t group, int64_t head_dim, int64_t sliding_window) {
+  TORCH_CHECK(sliding_window >= 0, "sliding_window: 0 = none");
+  // The first key a query at `pos` sees.
+  auto first_key = [&](int pos) {
+    return sliding_window > 0 ? static_cast<int>(std::max<int64_t>(0, pos - sliding_window + 1))
+                              : 0;
+  };
   TORCH_CHECK(query_start_loc.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt,
               "query_start_loc and seq_lens must be int32");
   TORCH_CHECK(query_start_loc.is_contiguous() && seq_lens.is_contiguous());
@@ -39,7 +47,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_plan(
 
   int64_t decode_keys = 0;
   for (int r = 0; r < num_reqs; ++r) {
-    if (qsl[r + 1] - qsl[r] == 1) decode_keys += lens[r] * num_kv_heads;
+    if (qsl[r + 1] - qsl[r] == 1) {
+      decode_keys += (lens[r] - first_key(lens[r] - 1)) * num_kv_heads;
+    }
   }
   int64_t split = std::numeric_limits<int32_t>::max();
   if (num_parts > 1) {
@@ -61,14 +71,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_plan(
     const int first_pos = seq_len - q_len;  // position of the chunk's first query token
     for (int h = 0; h < num_kv_heads; ++h) {
       if (q_len == 1) {
-        const int num_splits = static_cast<int>((seq_len + split - 1) / split);
+        const int lo = first_key(first_pos);
+        const int num_splits = static_cast<int>((seq_len - lo + split - 1) / split);
         if (num_splits <= 1) {
-          add(r, h, q_begin, q_begin + 1, 0, seq_len, -1, first_pos);
+          add(r, h, q_begin, q_begin + 1, lo, seq_len, -1, first_pos);
           continue;
         }
         merges.insert(merges.end(), {q_begin, h, num_partials, num_splits});
         for (int s = 0; s < num_splits; ++s) {
-          const int kv0 = static_cast<int>(s * split);
+          const int kv0 = static_cast<int>(lo + s * split);
           const int kv1 = static_cast<int>(std::min<int64_t>(seq_len, kv0 + split));
           add(r, h, q_begin, q_begin + 1, kv0, kv1, num_partials++, first_pos);
         }
@@ -76,7 +87,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_plan(
       }
       for (int t0 = 0; t0 < q_len; t0 += kPrefillTile) {
         const int t1 = std::min(q_len, t0 + kPrefillTile);
-        add(r, h, q_begin + t0, q_begin + t1, 0, first_pos + t1, -1, first_pos + t0);
+        add(r, h, q_begin + t0, q_begin + t1, first_key(first_pos + t0), first_pos + t1, -1,
+            first_pos + t0);
       }
     }
   }

@@ -12,16 +12,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("supports_head_dim", &mesh_cpu::supports_head_dim, "head_dim"_a,
         "Whether paged_attention has a kernel for this head size.");
   m.def("attention_plan", &mesh_cpu::attention_plan, "query_start_loc"_a, "seq_lens"_a,
-        "num_kv_heads"_a, "group"_a, "head_dim"_a,
+        "num_kv_heads"_a, "group"_a, "head_dim"_a, "sliding_window"_a = 0,
         "A step's attention work, built once and shared by every layer: (items, bounds, "
         "merges, partials). Items cut requests x KV heads into query tiles (prefill) or KV "
         "splits (long decodes), balanced over torch's threads.");
   m.def("paged_attention", &mesh_cpu::paged_attention, "out"_a, "query"_a, "key_cache"_a,
         "value_cache"_a, "block_table"_a, "items"_a, "bounds"_a, "merges"_a, "partials"_a,
-        "scale"_a, "k_scale"_a, "v_scale"_a,
+        "scale"_a, "k_scale"_a, "v_scale"_a, "sliding_window"_a = 0, "soft_cap"_a = 0.0,
         "Causal varlen attention of query [T, Hq, D] over each request's paged context "
         "(its cached prefix and this step's keys), read in place through the block table. "
-        "Writes out [T, Hq * D].");
+        "sliding_window > 0: a query at p sees keys p - window < j <= p; soft_cap > 0: "
+        "scores become cap * tanh(score / cap). Writes out [T, Hq * D].");
   m.def("reshape_and_cache", &mesh_cpu::reshape_and_cache, "key"_a, "value"_a, "key_cache"_a,
         "value_cache"_a, "slot_mapping"_a, "k_scale"_a, "v_scale"_a,
         "Writes key/value [T, Hkv, D] to their slots (slot < 0: skipped); an fp8 cache "

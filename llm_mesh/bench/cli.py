@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     server = p.add_argument_group("server")
     server.add_argument("--base-url", default="http://127.0.0.1:8000")
     server.add_argument("--model", help="default: the first id of GET /v1/models")
+    server.add_argument("--lora-modules", nargs="+", metavar="NAME", default=[],
+                        help="LoRA adapters (served model names) the requests are spread "
+                        "over, in turn (not multi-turn)")
     server.add_argument("--endpoint", choices=tuple(ENDPOINT_PATHS),
                         help="default: completions (multi-turn: chat, its only endpoint)")
     server.add_argument("--api-key", help="sent as a bearer token")
@@ -69,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="multi-turn: the tools/system prompt every session shares")
     load.add_argument("--turn-input-len", type=int, default=64,
                       help="multi-turn: new user tokens per turn")
+    load.add_argument("--think-time", type=float, default=0.0,
+                      help="multi-turn: mean seconds between an answer and the session's "
+                           "next turn (exponential; an agent's tool calls)")
     load.add_argument("--no-session-hints", action="store_true",
                       help="multi-turn: send neither prompt_cache_key nor x-session-id")
     load.add_argument("--ignore-eos", action="store_true", help="exact output lengths (vLLM)")
@@ -125,6 +131,8 @@ def resolve_defaults(args: argparse.Namespace) -> None:
                          "not --num-prompts")
     if args.num_sessions < 1 or args.turns_per_session < 1:
         raise ValueError("--num-sessions and --turns-per-session must be at least 1")
+    if args.think_time < 0:
+        raise ValueError("--think-time must not be negative")
     args.endpoint = "chat"
 
 
@@ -169,7 +177,7 @@ async def bench_serve(args: argparse.Namespace, points: list[BenchmarkPoint],
         workload = MultiTurnOptions(
             turns_per_session=args.turns_per_session, system_prompt_len=args.system_prompt_len,
             turn_input_len=args.turn_input_len, output_len=args.output_len,
-            session_hints=not args.no_session_hints)
+            session_hints=not args.no_session_hints, think_time_s=args.think_time)
         count = args.num_sessions  # one arrival per session
         num_prompts = count * args.turns_per_session
         per_point = f"{count} sessions x {args.turns_per_session} turns"
@@ -202,7 +210,9 @@ async def bench_serve(args: argparse.Namespace, points: list[BenchmarkPoint],
             if isinstance(options, MultiTurnOptions):
                 return await run_sessions(client, build_conversations(options, builder, num, seed),
                                           encode, point, args.burstiness, seed, show_progress)
-            requests = [encode(s) for s in build_requests(options, builder, num, seed)]
+            models = args.lora_modules or [model]
+            requests = [encode(s, model=models[i % len(models)])
+                        for i, s in enumerate(build_requests(options, builder, num, seed))]
             return await run_point(client, requests, point, args.burstiness, seed,
                                    show_progress)
 

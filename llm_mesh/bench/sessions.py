@@ -6,6 +6,11 @@ user/assistant turns — the assistant turns being the text the server actually 
 and a new user message. Outputs are short, so the cost of a turn is mostly its prefill, and
 what decides it is whether the engine serving the turn still holds the history's KV blocks.
 
+Between turns an agent runs its tools or a person reads: `think_time_s` (the mean of an
+exponential draw, 0 by default) is that pause. It matters to routing: without it a session's
+next turn arrives the instant its engine frees a slot, so even a least-loaded router sends it
+back to the same engine.
+
 Each request names its session twice, as OpenAI's `prompt_cache_key` body field and as an
 `x-session-id` header, so a router can keep the conversation on one engine. Sessions arrive
 like the other workloads' requests (rate, burstiness) and each holds a concurrency slot for
@@ -16,6 +21,8 @@ the assistant turns are whatever the server answers.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +45,7 @@ class MultiTurnOptions:
     turn_input_len: int = 64        # tokens of new user text per turn
     output_len: int = 32
     session_hints: bool = True      # send prompt_cache_key and x-session-id
+    think_time_s: float = 0.0       # mean pause between a turn's answer and the next turn
 
 
 @dataclass
@@ -48,6 +56,7 @@ class Conversation:
     system: str
     user_turns: list[str]           # drawn up front, so the seed fixes them all
     options: MultiTurnOptions
+    think_times: list[float]        # seconds before turns 2, 3, ...; drawn up front too
     history: list[dict[str, str]] = field(default_factory=list)
     # A local count of the history's content tokens (no chat template) for prompt_len, which
     # the server's usage replaces: counting here would re-tokenize the history every turn.
@@ -79,11 +88,21 @@ def build_conversations(options: MultiTurnOptions, builder: PromptBuilder, num_s
                         seed: int) -> list[Conversation]:
     """`num_sessions` fresh conversations sharing one system prompt; seeded."""
     rng = np.random.default_rng(seed)
+    # A stream of its own, so that adding think time leaves a seed's texts unchanged.
+    pauses = np.random.default_rng([seed, 1])
     system = builder.text(rng, options.system_prompt_len)
     return [Conversation(f"bench-{seed}-{i}", system,
                          [builder.text(rng, options.turn_input_len)
-                          for _ in range(options.turns_per_session)], options)
+                          for _ in range(options.turns_per_session)], options,
+                         _think_times(pauses, options))
             for i in range(num_sessions)]
+
+
+def _think_times(rng: np.random.Generator, options: MultiTurnOptions) -> list[float]:
+    gaps = options.turns_per_session - 1
+    if options.think_time_s <= 0:
+        return [0.0] * gaps
+    return [float(t) for t in rng.exponential(options.think_time_s, gaps)]
 
 
 async def run_sessions(client: OpenAIClient, conversations: Sequence[Conversation],
@@ -104,6 +123,8 @@ async def run_sessions(client: OpenAIClient, conversations: Sequence[Conversatio
                 if not result.success:
                     break
                 conversation.add_answer(result.text, result.output_tokens)
+                if turn < len(conversation.user_turns):
+                    await asyncio.sleep(conversation.think_times[turn - 1])  # the agent's tools
             return results
 
         return await run_jobs([partial(session, c) for c in conversations], point, burstiness,

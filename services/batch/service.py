@@ -48,7 +48,8 @@ class BatchService(Service):
     async def setup(self) -> None:
         bus = self.connected_bus
         ctx = await self.frontend.start(bus, self.subjects, self.instance_id, self.background)
-        store = await BatchStore.open(bus.client.jetstream(), self.subjects)
+        store = await BatchStore.open(bus.client.jetstream(), self.subjects,
+                                      self.settings.jetstream_replicas)
         executor = LineExecutor(ctx, self.settings.batch_priority, self.settings.line_retry_s)
         self.api_keys = ApiKeys.from_settings(self.settings, self.settings.namespace)
         self.runner = JobRunner(store, executor, self.settings.max_concurrent_lines,

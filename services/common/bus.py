@@ -68,7 +68,7 @@ class Bus:
             # NOTE: with reconnects on, nats-py retries a failing first connect forever: the
             # deadline is ours.
             await asyncio.wait_for(client.connect(
-                url, name=name, inbox_prefix=inbox_prefix, tls=tls, allow_reconnect=True,
+                server_urls(url), name=name, inbox_prefix=inbox_prefix, tls=tls, allow_reconnect=True,
                 max_reconnect_attempts=-1, reconnect_time_wait=0.5, connect_timeout=2,
                 ping_interval=5, max_outstanding_pings=2, error_cb=_on_error,
                 disconnected_cb=_on_disconnected, reconnected_cb=_on_reconnected),
@@ -118,9 +118,11 @@ class Bus:
 
     async def serve(self, subject: str, request_type: type[M],
                     handler: Callable[[M], Awaitable[betterproto.Message]],
-                    queue: str = "") -> Subscription:
-        """Answers requests on `subject` with the handler's reply message."""
-        async def on_request(msg: Msg) -> None:
+                    queue: str = "", *, concurrent: bool = False) -> Subscription:
+        """Answers requests on `subject` with the handler's reply message, one request at a
+        time; `concurrent`: each in its own task, so a handler that waits (on a download)
+        holds up no other request."""
+        async def answer(msg: Msg) -> None:
             try:
                 reply = await handler(request_type().parse(msg.data))
             except Exception:
@@ -129,7 +131,16 @@ class Bus:
             if msg.reply:
                 await msg.respond(bytes(reply))
 
-        return await self.client.subscribe(subject, queue=queue, cb=on_request)
+        if not concurrent:
+            return await self.client.subscribe(subject, queue=queue, cb=answer)
+        in_flight: set[asyncio.Task[None]] = set()   # NOTE: owned, so none is collected
+
+        async def start_answer(msg: Msg) -> None:
+            task = asyncio.create_task(answer(msg), name=f"answer {subject}")
+            in_flight.add(task)
+            task.add_done_callback(in_flight.discard)
+
+        return await self.client.subscribe(subject, queue=queue, cb=start_answer)
 
     async def flush(self, timeout: float = 2.0) -> None:
         await self.client.flush(timeout=timeout)
@@ -147,8 +158,17 @@ class Bus:
                 log.debug("NATS connection closed uncleanly", error=str(exc))
 
 
+def server_urls(url: str) -> list[str]:
+    """The servers of a --nats-url: one URL, or a comma-separated list (the nodes of a
+    cluster; the client fails over between them, and learns the rest from the cluster)."""
+    urls = [u.strip() for u in url.split(",") if u.strip()]
+    if not urls:
+        raise BusError("--nats-url is empty")
+    return urls
+
+
 def _safe_url(url: str) -> str:
-    return url.split("@", 1)[1] if "@" in url else url
+    return ",".join(u.split("@", 1)[1] if "@" in u else u for u in url.split(","))
 
 
 async def _on_error(exc: Exception) -> None:
@@ -168,7 +188,7 @@ def nats_tls(settings: CommonSettings) -> ssl.SSLContext | None:
     URL): verifies the server against the CA file (else the system's CAs) and presents the
     client certificate if one is given."""
     if not (settings.nats_tls_ca_file or settings.nats_tls_cert_file
-            or settings.nats_url.startswith("tls://")):
+            or any(u.startswith("tls://") for u in server_urls(settings.nats_url))):
         return None
     try:
         return tls_context(

@@ -15,13 +15,13 @@ import asyncio
 import time
 from collections.abc import Callable
 
-import nats.js.errors as js_errors
 import structlog
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 
 from services.common import wire
 from services.common.bus import Bus, BusError
+from services.common.jetstream import ensure_window_stream
 from services.common.router import PrefixIndex
 from services.common.subjects import Subjects
 
@@ -32,16 +32,10 @@ STREAM_MAX_BYTES = 64 * 1024 * 1024
 _MAX_QUEUED_BATCHES = 10_000
 
 
-async def ensure_stream(js: JetStreamContext, subjects: Subjects) -> None:
-    """Creates the bounded events stream if missing (whoever comes first). File-backed, so
-    the window survives a NATS restart on its store directory (docs/operations.md)."""
-    try:
-        await js.stream_info(subjects.kv_events_stream)
-    except js_errors.NotFoundError:
-        await js.add_stream(api.StreamConfig(
-            name=subjects.kv_events_stream, subjects=[subjects.kv_events_all],
-            max_age=STREAM_MAX_AGE_S, max_bytes=STREAM_MAX_BYTES,
-            discard=api.DiscardPolicy.OLD, storage=api.StorageType.FILE))
+async def ensure_stream(js: JetStreamContext, subjects: Subjects, replicas: int = 1) -> None:
+    """Creates the bounded events stream if missing (whoever comes first)."""
+    await ensure_window_stream(js, subjects.kv_events_stream, [subjects.kv_events_all],
+                               STREAM_MAX_AGE_S, STREAM_MAX_BYTES, replicas)
 
 
 class KVEventPublisher:
@@ -49,9 +43,11 @@ class KVEventPublisher:
     A batch that cannot be published is dropped: subscribers see the gap and resync."""
 
     def __init__(self, bus: Bus, subjects: Subjects, publisher_id: str,
-                 snapshot: Callable[[], list[wire.KvEvent]], fingerprint: str = "") -> None:
+                 snapshot: Callable[[], list[wire.KvEvent]], fingerprint: str = "",
+                 replicas: int = 1) -> None:
         self._bus = bus
         self._subjects = subjects
+        self._replicas = replicas   # of the stream, if this publisher creates it
         self.publisher_id = publisher_id
         self.fingerprint = fingerprint
         self._snapshot = snapshot
@@ -61,7 +57,7 @@ class KVEventPublisher:
 
     async def start(self) -> None:
         js = self._bus.client.jetstream()
-        await ensure_stream(js, self._subjects)
+        await ensure_stream(js, self._subjects, self._replicas)
         await self._bus.serve(self._subjects.kv_snapshot(self.publisher_id),
                               wire.KvSnapshotRequest, self._on_snapshot)
         self._sender = asyncio.create_task(self._send_loop(js))
@@ -103,9 +99,10 @@ class KVEventSubscriber:
     replaying the stream's window on start."""
 
     def __init__(self, bus: Bus, subjects: Subjects, snapshot_timeout_s: float = 2.0,
-                 index: PrefixIndex | None = None) -> None:
+                 index: PrefixIndex | None = None, replicas: int = 1) -> None:
         self._bus = bus
         self._subjects = subjects
+        self._replicas = replicas   # of the stream, if this subscriber creates it
         self._snapshot_timeout_s = snapshot_timeout_s
         self.index = index if index is not None else PrefixIndex()
         self.last_seq: dict[str, int] = {}
@@ -114,7 +111,7 @@ class KVEventSubscriber:
 
     async def start(self) -> None:
         js = self._bus.client.jetstream()
-        await ensure_stream(js, self._subjects)
+        await ensure_stream(js, self._subjects, self._replicas)
         # Subscribe first, then resync on the first batch of each publisher: nothing published
         # between the snapshot and the subscription can be missed.
         await js.subscribe(self._subjects.kv_events_all, cb=self._on_msg, ordered_consumer=True,

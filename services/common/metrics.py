@@ -80,6 +80,17 @@ class EngineMetrics:
             ENGINE_LABELS, buckets=STEP_BUCKETS, registry=registry)
         self.admission_rejections = counter("llm_mesh:admission_rejections",
                                             "Requests refused because the queue was full")
+        self.spec_decode_num_drafts = counter("vllm:spec_decode_num_drafts",
+                                              "Speculative decoding: requests' steps that "
+                                              "verified drafts")
+        self.spec_decode_num_draft_tokens = counter("vllm:spec_decode_num_draft_tokens",
+                                                    "Draft tokens verified")
+        self.spec_decode_num_accepted_tokens = counter("vllm:spec_decode_num_accepted_tokens",
+                                                       "Draft tokens accepted")
+        self.spec_decode_num_accepted_tokens_per_pos = counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted, by their position in the step's drafts (0: the first)",
+            ("position",))
         # KV connector (kvstore): vLLM's names for the external prefix cache, in tokens.
         self.external_prefix_cache_queries = counter(
             "vllm:external_prefix_cache_queries",
@@ -96,6 +107,9 @@ class EngineMetrics:
                                        "KV blocks the kvstore acknowledged")
         self.kv_save_failures = counter("llm_mesh:kv_save_failures",
                                         "KV block groups the kvstore did not take (dropped)")
+        self.kv_event_batches = gauge("llm_mesh:kv_event_batches",
+                                      "KV event batches this engine has published (the last "
+                                      "sequence number; --enable-kv-events)")
 
 
 class GatewayMetrics:
@@ -178,6 +192,10 @@ class RouterMetrics:
         self.resyncs = Counter("llm_mesh:router_kv_event_resyncs",
                                "Snapshots the router asked publishers for (gaps, late starts)",
                                registry=registry)
+        self.applied_batches = Gauge(
+            "llm_mesh:router_kv_event_batches_applied", "The last KV event batch applied per "
+            "publisher: behind the publisher's llm_mesh:kv_event_batches, the index lags",
+            ("publisher",), registry=registry)
 
 
 class TokenizerMetrics:
@@ -208,6 +226,18 @@ class GrammarMetrics:
         self.compile_time = Histogram("llm_mesh:grammar_compile_seconds",
                                       "Time to compile one grammar that compiled",
                                       buckets=LATENCY_BUCKETS, registry=registry)
+
+
+class EncoderCacheMetrics:
+    """The worker's encoder cache (issue 19): images looked up by content hash, and those
+    found encoded already."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.queries = Counter("llm_mesh:encoder_cache_queries",
+                               "Images looked up in the encoder cache", registry=registry)
+        self.hits = Counter("llm_mesh:encoder_cache_hits",
+                            "Images found in the encoder cache (not encoded again)",
+                            registry=registry)
 
 
 class KVStoreMetrics:

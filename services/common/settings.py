@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from services.common.model_files import DEFAULT_MODEL
+from services.common.speculative_config import SpeculativeConfig, parse_speculative_config
 
 ENV_PREFIX = "LLM_MESH_"
 S = TypeVar("S")
@@ -36,10 +37,14 @@ def setting(default: Any, help: str, *, choices: Sequence[str] | None = None,
 
 @dataclass
 class CommonSettings:
-    nats_url: str = setting("nats://127.0.0.1:4222", "NATS server URL (credentials allowed: "
+    nats_url: str = setting("nats://127.0.0.1:4222", "NATS server URL, or a comma-separated "
+                            "list of a cluster's nodes (credentials allowed: "
                             "nats://user:pass@host:port)", secret=True)
     namespace: str = setting("mesh", "Subject namespace; meshes sharing one NATS server need "
                              "distinct namespaces")
+    jetstream_replicas: int = setting(
+        1, "Copies of each JetStream stream and bucket the mesh creates (batch jobs, KV "
+        "events, stored responses): 3 on a NATS cluster of 3 or more nodes, to outlive one")
     nats_connect_timeout_s: float = setting(
         60.0, "How long to wait for NATS at start-up before exiting with the reason")
     nats_tls_ca_file: str = setting(
@@ -80,6 +85,18 @@ class EngineSettings(ModelSettings):
         "117 ms at 128, 280 ms at 512; benchmarks.md section 10); on an accelerator, where "
         "a chunk costs about a decode step, raise it (vLLM: 8192)")
     seed: int = setting(0, "Random seed for unseeded sampling")
+    speculative_config: str = setting(
+        "", "Speculative decoding, as vLLM's JSON (empty: off): method ngram (prompt lookup), "
+        "suffix, or draft_model with a `model` of the target's tokenizer, e.g. "
+        "'{\"method\": \"ngram\", \"num_speculative_tokens\": 3, \"prompt_lookup_max\": 4}'. "
+        "Greedy output is unchanged and sampling keeps the target distribution")
+
+    def __post_init__(self) -> None:
+        parse_speculative_config(self.speculative_config)   # a bad flag stops the start
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        return parse_speculative_config(self.speculative_config)
 
 
 def flag_name(name: str) -> str:
@@ -147,7 +164,10 @@ def build_settings(cls: type[S], explicit: Mapping[str, Any],
                 values[f.name] = _parse_value(hints[f.name], environ[env_name(f.name)])
             except ValueError as exc:
                 raise SystemExit(f"invalid {env_name(f.name)}: {exc}") from exc
-    return cls(**values)
+    try:
+        return cls(**values)
+    except ValueError as exc:
+        raise SystemExit(f"invalid settings: {exc}") from exc
 
 
 def parse_settings(cls: type[S], argv: Sequence[str] | None = None, prog: str | None = None,

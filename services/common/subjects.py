@@ -84,6 +84,27 @@ class Subjects:
     def batch_jobs(self) -> str:
         return f"{self.namespace}.batch.jobs"
 
+    # Stored responses (/v1/responses): a KV bucket of response records, and the events of
+    # background responses on a stream, so a client resumes through any gateway.
+    def response_events(self, response_id: str) -> str:
+        return f"{self.namespace}.responses.events.{response_id}"
+
+    @property
+    def response_events_all(self) -> str:
+        return f"{self.namespace}.responses.events.>"
+
+    @property
+    def response_cancel(self) -> str:          # any gateway -> the one running the response
+        return f"{self.namespace}.responses.cancel"
+
+    @property
+    def response_events_stream(self) -> str:
+        return f"{self._bucket_prefix}-response-events"
+
+    @property
+    def responses_bucket(self) -> str:         # KV: response id -> its record
+        return f"{self._bucket_prefix}-responses"
+
     # JetStream stream and bucket names allow no dots: the namespace's dots become dashes.
     @property
     def batch_jobs_stream(self) -> str:
@@ -100,6 +121,10 @@ class Subjects:
     @property
     def batch_files_bucket(self) -> str:       # Object Store: file id -> JSONL bytes
         return f"{self._bucket_prefix}-batch-files"
+
+    @property
+    def mm_inputs_bucket(self) -> str:         # Object Store: data key -> an image's tensors
+        return f"{self._bucket_prefix}-mm-inputs"
 
     @property
     def _bucket_prefix(self) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import nats.errors
+import nats.js.errors
 import structlog
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -13,11 +15,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.common import wire
 from services.common.bus import BusError
-from services.common.frontend.auth import ApiKeys, tenant_of
+from services.common.frontend.auth import ApiKeys
 from services.common.frontend.chat import chat_prompt, create_chat_completion
 from services.common.frontend.completions import create_completion
 from services.common.frontend.context import FrontendContext
-from services.common.frontend.errors import ApiError, invalid
+from services.common.frontend.errors import ApiError, invalid, unavailable
+from services.common.frontend.lora_registry import LoraRegistry
 from services.common.frontend.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -27,10 +30,18 @@ from services.common.frontend.protocol import (
 from services.common.packing import pack_int32, unpack_int32
 from services.gateway.body import parse_body
 from services.gateway.files_batches import files_batches_router
+from services.gateway.lora_routes import lora_router, require_admin
+from services.gateway.responses_routes import responses_router
 
 log = structlog.get_logger(__name__)
 VERSION = "0.1.0"
 _OPEN_PATHS = {"/health", "/ready", "/version", "/metrics"}
+# What NATS raises while a node is down or a JetStream stream elects a new leader: the
+# request may succeed when retried, so the client gets 503 + Retry-After, not a 500.
+_TRANSIENT_NATS_ERRORS = (nats.errors.TimeoutError, nats.errors.NoRespondersError,
+                          nats.errors.ConnectionClosedError,
+                          nats.errors.ConnectionReconnectingError,
+                          nats.js.errors.ServiceUnavailableError)
 
 
 def create_app(ctx: FrontendContext, registry: CollectorRegistry) -> FastAPI:
@@ -59,6 +70,16 @@ def create_app(ctx: FrontendContext, registry: CollectorRegistry) -> FastAPI:
     async def on_http_error(_: Request, exc: StarletteHTTPException) -> Response:
         return ApiError(exc.status_code, str(exc.detail)).response()
 
+    @app.exception_handler(nats.errors.Error)
+    async def on_nats_error(request: Request, exc: nats.errors.Error) -> Response:
+        if not isinstance(exc, _TRANSIENT_NATS_ERRORS):
+            return await on_unexpected(request, exc)
+        log.warning("NATS did not answer; the client may retry", path=request.url.path,
+                    error=repr(exc))
+        error = unavailable("NATS or JetStream is not answering (a node may be failing "
+                            "over); retry shortly", code="nats_unavailable")
+        return await on_api_error(request, error)
+
     @app.exception_handler(Exception)
     async def on_unexpected(_: Request, exc: Exception) -> Response:
         log.exception("request failed", error=str(exc))
@@ -66,10 +87,17 @@ def create_app(ctx: FrontendContext, registry: CollectorRegistry) -> FastAPI:
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
-        return {"object": "list", "data": [
-            {"id": name, "object": "model", "created": 0, "owned_by": "llm-mesh",
-             "root": name, "max_model_len": max_len}
-            for name, max_len in sorted(ctx.view.models().items())]}
+        models = ctx.view.models()
+        served = [{"id": name, "object": "model", "created": 0, "owned_by": "llm-mesh",
+                   "root": name, "parent": None, "max_model_len": max_len}
+                  for name, max_len in sorted(models.items())]
+        adapters = []
+        for module in ctx.loras:   # vLLM lists an adapter with its path and its base model
+            parent = LoraRegistry.parent(module, list(models)) or None
+            adapters.append({"id": module.name, "object": "model", "created": 0,
+                             "owned_by": "llm-mesh", "root": module.path, "parent": parent,
+                             "max_model_len": models.get(parent or "")})
+        return {"object": "list", "data": served + adapters}
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -114,9 +142,7 @@ def create_app(ctx: FrontendContext, registry: CollectorRegistry) -> FastAPI:
 
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache(request: Request) -> Response:
-        if not api_keys.may_administer(tenant_of(request)):
-            raise ApiError(403, "this endpoint needs an admin API key (--admin-api-key)",
-                           code="permission_denied")
+        require_admin(api_keys, request)
         return await _reset_prefix_cache(ctx)
 
     @app.get("/version")
@@ -134,6 +160,8 @@ def create_app(ctx: FrontendContext, registry: CollectorRegistry) -> FastAPI:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(files_batches_router(ctx))
+    app.include_router(responses_router(ctx))
+    app.include_router(lora_router(ctx, api_keys))
     return app
 
 

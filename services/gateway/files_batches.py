@@ -13,11 +13,9 @@ apart from the request path, and a gateway that never sees a batch never touches
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
-import nats.errors
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
@@ -33,14 +31,14 @@ from services.common.batch_jobs.records import (
     new_file_id,
 )
 from services.common.batch_jobs.store import BatchStore
-from services.common.bus import Bus, BusError
-from services.common.frontend.auth import tenant_of
+from services.common.frontend.auth import owner_of
 from services.common.frontend.context import FrontendContext
-from services.common.frontend.errors import ApiError, invalid, unavailable
-from services.common.subjects import Subjects
+from services.common.frontend.errors import ApiError, invalid
+from services.common.frontend.responses import list_page
 from services.gateway.body import parse_body
-from services.gateway.settings import GatewaySettings
+from services.gateway.storage_plane import StoragePlane
 
+BatchPlane = StoragePlane[BatchStore]
 MAX_FILE_BYTES = 200 * 1024 * 1024   # OpenAI's limit for a batch input file
 MULTIPART_OVERHEAD_BYTES = 64 * 1024
 CANCELLABLE = frozenset({"validating", "in_progress"})
@@ -54,31 +52,9 @@ class CreateBatchRequest(BaseModel):
     metadata: dict[str, str] | None = Field(None, max_length=16)
 
 
-class BatchPlane:
-    """The batch store, connected on first use."""
-
-    def __init__(self, settings: GatewaySettings, connection_name: str) -> None:
-        self._settings = settings
-        self._connection_name = connection_name
-        self._store: BatchStore | None = None
-        self._lock = asyncio.Lock()
-
-    async def store(self) -> BatchStore:
-        async with self._lock:
-            if self._store is None:
-                try:
-                    bus = await Bus.for_settings(self._settings, self._connection_name,
-                                                 retry_for_s=5.0)
-                    self._store = await BatchStore.open(bus.client.jetstream(),
-                                                        Subjects(self._settings.namespace))
-                except (BusError, nats.errors.Error) as exc:
-                    raise unavailable(f"the batch store is not reachable: {exc}",
-                                      code="batch_store_unavailable") from exc
-        return self._store
-
-
 def files_batches_router(ctx: FrontendContext) -> APIRouter:
-    plane = BatchPlane(ctx.settings, f"{ctx.client.gateway_id}-batch")
+    plane: BatchPlane = StoragePlane(ctx.settings, f"{ctx.client.gateway_id}-batch",
+                                     BatchStore.open, "batch")
     router = APIRouter()
 
     # ---- files
@@ -98,17 +74,17 @@ def files_batches_router(ctx: FrontendContext) -> APIRouter:
             if upload.size is not None and upload.size > MAX_FILE_BYTES:
                 raise ApiError(413, f"files are limited to {MAX_FILE_BYTES} bytes")
             record = FileRecord(id=new_file_id(), filename=upload.filename or "input.jsonl",
-                                purpose=purpose, owner=_owner(request))
+                                purpose=purpose, owner=owner_of(request))
             saved = await (await plane.store()).put_file(record, upload.file)
         return saved.api_object()
 
     @router.get("/v1/files")
     async def list_files(request: Request, purpose: str | None = None) -> dict[str, Any]:
-        owner = _owner(request)
+        owner = owner_of(request)
         files = [f for f in await (await plane.store()).list_files()
                  if f.owner == owner and (purpose is None or f.purpose == purpose)]
         files.sort(key=lambda f: (f.created_at, f.id), reverse=True)
-        return _page([f.api_object() for f in files], has_more=False)
+        return list_page([f.api_object() for f in files], has_more=False)
 
     @router.get("/v1/files/{file_id}")
     async def retrieve_file(request: Request, file_id: str) -> dict[str, Any]:
@@ -147,7 +123,7 @@ def files_batches_router(ctx: FrontendContext) -> APIRouter:
         store = await plane.store()
         job = BatchJob(batch_id=new_batch_id(), input_file_id=file.id, endpoint=body.endpoint,
                        completion_window=body.completion_window, metadata=body.metadata,
-                       owner=_owner(request))
+                       owner=owner_of(request))
         # Queued first: a record never exists without its job (a runner creates the same
         # record from the job if it gets there first).
         await store.submit(job)
@@ -162,13 +138,13 @@ def files_batches_router(ctx: FrontendContext) -> APIRouter:
                            limit: int = 20) -> dict[str, Any]:
         if not 1 <= limit <= 100:
             raise invalid("limit must be between 1 and 100", param="limit")
-        owner = _owner(request)
+        owner = owner_of(request)
         records = [r for r in await (await plane.store()).list_records() if r.owner == owner]
         records.sort(key=lambda r: (r.created_at, r.id), reverse=True)
         if after is not None:
             ids = [r.id for r in records]
             records = records[ids.index(after) + 1:] if after in ids else []
-        return _page([r.api_object() for r in records[:limit]],
+        return list_page([r.api_object() for r in records[:limit]],
                      has_more=len(records) > limit)
 
     @router.post("/v1/batches/{batch_id}/cancel")
@@ -189,17 +165,11 @@ def files_batches_router(ctx: FrontendContext) -> APIRouter:
     return router
 
 
-def _owner(request: Request) -> str:
-    """The caller's key id: the owner its files and batches get, and the only one it sees."""
-    tenant = tenant_of(request)
-    return tenant.key_id if tenant is not None else ""
-
-
 async def _file(plane: BatchPlane, request: Request, file_id: str,
                 param: str | None = None) -> FileRecord:
     """The caller's file; 404 for one that is missing or another tenant's alike."""
     record = await (await plane.store()).file_record(file_id)
-    if record is None or record.owner != _owner(request):
+    if record is None or record.owner != owner_of(request):
         raise _not_found("file", file_id, param)
     return record
 
@@ -207,7 +177,7 @@ async def _file(plane: BatchPlane, request: Request, file_id: str,
 async def _batch(plane: BatchPlane, request: Request, batch_id: str) -> BatchRecord:
     """The caller's batch; 404 for one that is missing or another tenant's alike."""
     record = await (await plane.store()).record(batch_id)
-    if record is None or record.owner != _owner(request):
+    if record is None or record.owner != owner_of(request):
         raise _not_found("batch", batch_id)
     return record
 
@@ -215,11 +185,3 @@ async def _batch(plane: BatchPlane, request: Request, batch_id: str) -> BatchRec
 def _not_found(kind: str, object_id: str, param: str | None = None) -> ApiError:
     return ApiError(404, f"No {kind} with id '{object_id}' found.", param=param,
                     code=f"{kind}_not_found")
-
-
-def _page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
-    return {"object": "list", "data": data, "has_more": has_more,
-            "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None}
-
-

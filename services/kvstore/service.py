@@ -116,7 +116,8 @@ class KVStoreService(Service):
             servicer = self.servicer
             publisher = KVEventPublisher(
                 self.connected_bus, self.subjects, f"{self.instance_id}-{fingerprint}",
-                lambda: servicer.snapshot_events(fingerprint), fingerprint)
+                lambda: servicer.snapshot_events(fingerprint), fingerprint,
+                self.settings.jetstream_replicas)
             self._publishers[fingerprint] = publisher
             await publisher.start()
         return publisher

@@ -127,7 +127,9 @@ def request_timing(request: Request, engine_id: str) -> wire.FinishInfo:
                            num_cached_tokens=request.num_cached_tokens,
                            num_output_tokens=request.num_output_tokens, engine_id=engine_id,
                            num_preemptions=request.num_preemptions,
-                           error=request.error or "", error_code=request.error_code or "")
+                           error=request.error or "", error_code=request.error_code or "",
+                           num_draft_tokens=request.num_draft_tokens,
+                           num_accepted_tokens=request.num_accepted_tokens)
     scheduled, first, last = (request.first_scheduled_time, request.first_token_time,
                               request.last_token_time)
     if scheduled is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from services.common.metrics import EngineMetrics
 from services.scheduler.core.output import EngineCoreOutput, SchedulerStats
 from services.scheduler.core.request import Request
+from services.scheduler.core.spec_decode import SpecDecodingStats
 
 
 class EngineStats:
@@ -32,6 +33,11 @@ class EngineStats:
         self.messaging_time = metrics.step_messaging_time.labels(*labels)
         self.rejections = metrics.admission_rejections.labels(*labels)
         self._success = metrics.request_success
+        self.spec_drafts = metrics.spec_decode_num_drafts.labels(*labels)
+        self.spec_draft_tokens = metrics.spec_decode_num_draft_tokens.labels(*labels)
+        self.spec_accepted_tokens = metrics.spec_decode_num_accepted_tokens.labels(*labels)
+        self._spec_accepted_per_pos = metrics.spec_decode_num_accepted_tokens_per_pos
+        self._seen_spec = SpecDecodingStats()
         self._labels = labels
         self._last_token_at: dict[str, float] = {}
         self._seen = SchedulerStats(0, 0, 0.0, 0, 0, 0)
@@ -80,6 +86,22 @@ class EngineStats:
         self.prefix_hits.inc(max(0, stats.prefix_cache_hits - seen.prefix_cache_hits))
         self.preemptions.inc(max(0, stats.num_preemptions - seen.num_preemptions))
         self._seen = stats
+        if stats.spec_decoding is not None:
+            self._on_spec_decoding(stats.spec_decoding)
+
+    def _on_spec_decoding(self, spec: SpecDecodingStats) -> None:
+        seen = self._seen_spec
+        if spec.num_drafts == seen.num_drafts:
+            return
+        self.spec_drafts.inc(spec.num_drafts - seen.num_drafts)
+        self.spec_draft_tokens.inc(spec.num_draft_tokens - seen.num_draft_tokens)
+        self.spec_accepted_tokens.inc(spec.num_accepted_tokens - seen.num_accepted_tokens)
+        seen_per_pos = seen.num_accepted_tokens_per_pos
+        for position, count in enumerate(spec.num_accepted_tokens_per_pos):
+            previous = seen_per_pos[position] if position < len(seen_per_pos) else 0
+            self._spec_accepted_per_pos.labels(*self._labels, str(position)).inc(
+                count - previous)
+        self._seen_spec = spec
 
     def on_step_times(self, step_s: float, worker_call_s: float, execute_s: float) -> None:
         self.step_time.observe(step_s)

@@ -10,7 +10,8 @@ import time
 from services.common import wire
 from services.common.logs import request_log_context
 from services.common.metrics import EngineMetrics
-from services.common.packing import unpack_int32
+from services.common.mm_inputs import mm_spans
+from services.common.packing import pack_int32, unpack_int32
 from services.common.service import Service
 from services.scheduler.core.errors import AdmissionRejected, RequestTooLong
 from services.scheduler.core.request import Request, RequestStatus
@@ -98,6 +99,9 @@ class SchedulerService(Service):
             info.prefix_cache_queries = stats.prefix_cache_queries
             info.prefix_cache_hits = stats.prefix_cache_hits
             info.num_preemptions = stats.num_preemptions
+            if self.scheduler.loras is not None:
+                info.max_loras = self.scheduler.loras.max_loras
+                info.lora_ids = pack_int32(self.scheduler.loras.held)
         if self.kv is not None:
             info.kv_role = self.kv.kv_role
             (info.external_prefix_cache_queries,
@@ -173,7 +177,10 @@ class SchedulerService(Service):
             cache_salt=message.cache_salt,
             skip_prefix_cache=sampling.prompt_logprobs is not None,
             sampling=sampling, block_hasher=self.scheduler.block_hasher,
-            do_remote_decode=message.do_remote_decode)
+            do_remote_decode=message.do_remote_decode,
+            lora_id=message.lora.lora_id if message.lora is not None else 0,
+            lora=message.lora if message.lora is not None and message.lora.lora_id else None,
+            mm_spans=mm_spans(message.mm_items), mm_items=message.mm_items or None)
         if message.deadline_s > 0:
             request.deadline = request.arrival_time + message.deadline_s
         return request
@@ -236,7 +243,8 @@ class SchedulerService(Service):
             self._build_scheduler(info)
             return
         config = self.scheduler.config
-        if (info.block_size, info.max_model_len) != (config.block_size, config.max_model_len):
+        if ((info.block_size, info.max_model_len, info.max_loras)
+                != (config.block_size, config.max_model_len, config.max_loras)):
             await self._fail_all("the engine's worker restarted with another configuration; "
                                  "retry the request")
             self._build_scheduler(info)

@@ -52,6 +52,7 @@ class SchedulerSettings(CommonSettings, EngineSettings, KVIndexSettings):
                                      "events on JetStream")
 
     def scheduler_config(self, worker: wire.WorkerInfo) -> SchedulerConfig:
+        speculative = self.speculative
         return SchedulerConfig(
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
@@ -65,4 +66,6 @@ class SchedulerSettings(CommonSettings, EngineSettings, KVIndexSettings):
             num_gpu_blocks=worker.num_blocks,
             hash_algo=self.prefix_caching_hash_algo,
             enable_kv_events=self.enable_kv_events,
+            num_speculative_tokens=speculative.num_speculative_tokens if speculative else 0,
+            max_loras=worker.max_loras, max_cpu_loras=worker.max_cpu_loras,
         )

@@ -22,7 +22,9 @@ def encode_step_input(output: SchedulerOutput, reset: bool = False) -> wire.Step
                 block_ids=pack_int32(new.block_ids),
                 num_computed_tokens=new.num_computed_tokens,
                 # The core carries it opaque (core/output.py); the service put it there.
-                sampling=cast(wire.SamplingParams, new.sampling))
+                sampling=cast(wire.SamplingParams, new.sampling),
+                lora=cast(wire.LoraRequest | None, new.lora),
+                mm_items=cast(list[wire.MultiModalItem], new.mm_items or []))
             for new in output.new_requests
         ],
         cached_handles=pack_int32(cached.handles),
@@ -45,4 +47,7 @@ def decode_step_output(message: wire.StepOutput) -> RunnerOutput:
                         sampled_token_ids=unpack_int32(message.sampled_token_ids).tolist(),
                         kv_connector_output=decode_kv_connector_output(message),
                         rejected=rejected,
-                        deferred=set(unpack_int32(message.deferred_handles).tolist()))
+                        deferred=set(unpack_int32(message.deferred_handles).tolist()),
+                        num_spec_tokens=dict(zip(
+                            unpack_int32(message.draft_handles).tolist(),
+                            unpack_int32(message.num_draft_tokens).tolist())))

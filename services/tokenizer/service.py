@@ -8,6 +8,7 @@ import asyncio
 import json
 import time
 from collections import defaultdict
+from contextlib import AsyncExitStack
 from typing import Any
 
 import betterproto
@@ -27,8 +28,10 @@ from services.common.packing import (
 )
 from services.common.service import Service
 from services.common.subjects import TOKENIZER_QUEUE
+from services.tokenizer.chat_images import ChatImages, template_messages
 from services.tokenizer.detokenizer import RequestDetokenizer
 from services.tokenizer.grammar_validator import GrammarValidator
+from services.tokenizer.multimodal import MediaError
 from services.tokenizer.output_batcher import OutputBatcher
 from services.tokenizer.settings import TokenizerSettings
 from services.tokenizer.text_codec import InvalidPrompt, TextCodec
@@ -44,6 +47,8 @@ class TokenizerService(Service):
         self.settings: TokenizerSettings = settings
         self.codec: TextCodec | None = None
         self.grammars: GrammarValidator | None = None
+        self.images: ChatImages | None = None
+        self._resources = AsyncExitStack()          # what setup opened, closed by close()
         self.states: dict[str, RequestDetokenizer] = {}
         self.clients_seen: dict[str, float] = {}   # gateway / batch runner id -> last heartbeat
         self._new_work: list[Subscription] = []      # encode/detokenize queue subscriptions
@@ -62,9 +67,15 @@ class TokenizerService(Service):
                                          self.settings.grammar_cache_size,
                                          self.settings.grammar_compile_timeout_s)
         bus = self.connected_bus
+        self.images = await self._resources.enter_async_context(ChatImages.open(
+            self.settings, self.settings.served_model_name or str(files.source), files.hf_dir,
+            hf_tokenizer, bus.client.jetstream(), self.subjects,
+            self.settings.jetstream_replicas))
+        self.log.info("images", accepted=self.images.accepts_images)
         self._new_work = [
+            # NOTE: concurrent: a prompt's images may take seconds to download.
             await bus.serve(self.subjects.tokenizer_encode, wire.EncodeRequest, self.on_encode,
-                            queue=TOKENIZER_QUEUE),
+                            queue=TOKENIZER_QUEUE, concurrent=True),
             await bus.serve(self.subjects.tokenizer_detokenize, wire.DetokenizeRequest,
                             self.on_detokenize, queue=TOKENIZER_QUEUE)]
         await bus.subscribe(self.subjects.tokenizer_deltas(self.instance_id),
@@ -91,18 +102,19 @@ class TokenizerService(Service):
     async def close(self) -> None:
         if self.grammars is not None:
             self.grammars.close()
+        await self._resources.aclose()
 
     # ---- encoding (request/reply)
 
     async def on_encode(self, request: wire.EncodeRequest) -> wire.EncodeReply:
         with request_log_context(",".join(request.request_ids)):
             if request.grammar.kind == wire.GrammarKind.NONE:
-                return self._encode_reply(request)
+                return await self._encode_reply(request)
             assert self.grammars is not None
             error = await self.grammars.error_of(request.grammar)
             if error is not None:
                 return wire.EncodeReply(grammar_error=error, tokenizer_id=self.instance_id)
-            reply = self._encode_reply(request)
+            reply = await self._encode_reply(request)
             if request.grammar.reasoning.end:
                 # NOTE: sent back only when there are markers to resolve: a tool schema the
                 # gateway already holds would otherwise cross NATS twice.
@@ -110,13 +122,16 @@ class TokenizerService(Service):
                 reply.grammar = engine_grammar(request.grammar, self.codec)
             return reply
 
-    def _encode_reply(self, request: wire.EncodeRequest) -> wire.EncodeReply:
+    async def _encode_reply(self, request: wire.EncodeRequest) -> wire.EncodeReply:
         assert self.codec is not None
         started = time.perf_counter()
         try:
-            token_ids = self._encode(request)
+            token_ids, mm_items = await self._encode(request)
         except InvalidPrompt as exc:
             return wire.EncodeReply(error=str(exc), tokenizer_id=self.instance_id)
+        except MediaError as exc:
+            return wire.EncodeReply(error=exc.message, error_param=exc.param or "",
+                                    tokenizer_id=self.instance_id)
         self.metrics.encode_time.observe(time.perf_counter() - started)
         resume_ids = unpack_int32(request.resume_token_ids).tolist()
         for request_id in request.request_ids:
@@ -126,9 +141,11 @@ class TokenizerService(Service):
             self.states[request_id] = state
         strings = self.codec.raw_token_strings(token_ids) if request.return_token_strings else []
         return wire.EncodeReply(token_ids=pack_int32(token_ids), tokenizer_id=self.instance_id,
-                                token_strings=strings)
+                                token_strings=strings, mm_items=mm_items)
 
-    def _encode(self, request: wire.EncodeRequest) -> list[int]:
+    async def _encode(self, request: wire.EncodeRequest,
+                      ) -> tuple[list[int], list[wire.MultiModalItem]]:
+        """The prompt's token ids, and its images (a chat's image parts) expanded in them."""
         assert self.codec is not None
         kind, value = betterproto.which_one_of(request, "input")
         if kind == "prompt_token_ids":
@@ -137,17 +154,31 @@ class TokenizerService(Service):
             if bad:
                 raise InvalidPrompt(f"token id {bad[0]} is outside the vocabulary "
                                     f"(0..{self.codec.vocab_size - 1})")
-            return token_ids
+            return token_ids, []
         if kind == "chat":
-            text = self.codec.render_chat([_template_message(m) for m in value.messages],
-                                          request.add_generation_prompt,
-                                          request.continue_final_message,
-                                          request.chat_template or None,
-                                          request.chat_template_kwargs_json,
-                                          _json_list(request.tools_json, "tools"))
-            # The template already placed the special tokens.
-            return self.codec.encode(text, add_special_tokens=request.add_special_tokens)
-        return self.codec.encode(value or "", add_special_tokens=request.add_special_tokens)
+            return await self._encode_chat(request, value)
+        token_ids = self.codec.encode(value or "", add_special_tokens=request.add_special_tokens)
+        assert self.images is not None
+        self.images.refuse_image_tokens(token_ids)
+        return token_ids, []
+
+    async def _encode_chat(self, request: wire.EncodeRequest, chat: wire.ChatMessages,
+                           ) -> tuple[list[int], list[wire.MultiModalItem]]:
+        assert self.codec is not None and self.images is not None
+        messages = [_template_message(m) for m in chat.messages]
+        images = await self.images.load(messages)     # before the template: limits first
+        text = self.codec.render_chat(template_messages(messages),
+                                      request.add_generation_prompt,
+                                      request.continue_final_message,
+                                      request.chat_template or None,
+                                      request.chat_template_kwargs_json,
+                                      _json_list(request.tools_json, "tools"))
+        # The template already placed the special tokens.
+        token_ids = self.codec.encode(text, add_special_tokens=request.add_special_tokens)
+        if not images:
+            self.images.refuse_image_tokens(token_ids)
+            return token_ids, []
+        return await self.images.expand(token_ids, images)
 
     async def on_detokenize(self, request: wire.DetokenizeRequest) -> wire.DetokenizeReply:
         assert self.codec is not None
@@ -306,8 +337,13 @@ def trim_rows(columns: wire.LogprobColumns, rows: int) -> wire.LogprobColumns:
 
 
 def _template_message(message: wire.ChatMessage) -> dict[str, Any]:
-    """A chat message as templates read it (OpenAI's shape; content always a string)."""
+    """A chat message in OpenAI's shape: content a string, or its list of parts (images)."""
     rendered: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.content_parts_json:
+        parts = _json_list(message.content_parts_json, "content")
+        if not all(isinstance(part, dict) for part in parts or ()):
+            raise InvalidPrompt("content parts must be objects")
+        rendered["content"] = parts
     if message.name:
         rendered["name"] = message.name
     if message.tool_calls_json:

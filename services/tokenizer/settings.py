@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.common.settings import CommonSettings, ModelSettings, setting
+from services.tokenizer.multimodal.media_settings import MediaSettings
 
 
 @dataclass
-class TokenizerSettings(CommonSettings, ModelSettings):
+class TokenizerSettings(CommonSettings, ModelSettings, MediaSettings):
     detokenizer_state_ttl_s: float = setting(
         900.0, "Drop the detokenizer state of a request that got no output for this long")
     instance_timeout_s: float = setting(

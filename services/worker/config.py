@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from services.common.speculative_config import SpeculativeConfig
 from services.worker.models.int8 import check_quantization
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -33,9 +34,19 @@ class RunnerConfig:
     num_threads: int | None = None         # CPU threads; None: all cores
     enable_cuda_graphs: bool = True        # cuda + triton only: decode steps replay graphs
     grammar_cache_size: int = 64           # structured outputs: compiled grammars kept (LRU)
+    speculative_config: SpeculativeConfig | None = None   # None: no speculative decoding
+    tensor_parallel_size: int = 1          # ranks the model is split over (parallel/)
+    enable_lora: bool = False              # serve LoRA adapters (lora/)
+    max_loras: int = 1                     # adapters one step may mix (slots in the model)
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None       # adapters kept in host memory; None: max_loras
+    encoder_cache_size: int = 8192         # vision models: image embedding rows kept (LRU)
 
     def __post_init__(self) -> None:
         check_quantization(self.quantization, self.device)
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"--tensor-parallel-size must be at least 1, got "
+                             f"{self.tensor_parallel_size}")
 
     @property
     def torch_dtype(self) -> torch.dtype:

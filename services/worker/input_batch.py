@@ -36,6 +36,11 @@ class InputBatch:
         self.num_tokens = np.zeros(max_num_reqs, dtype=np.int32)
         self.num_prompt_tokens = np.zeros(max_num_reqs, dtype=np.int32)
         self.num_computed_tokens = np.zeros(max_num_reqs, dtype=np.int32)
+        # Speculative decoding: drafts proposed for the row, in token_ids right after its
+        # num_tokens known tokens (scratch space: the next tokens overwrite them).
+        self.num_draft_tokens = np.zeros(max_num_reqs, dtype=np.int32)
+        self.can_speculate = np.zeros(max_num_reqs, dtype=bool)
+        self.lora_ids = np.zeros(max_num_reqs, dtype=np.int32)   # 0: the base model
         self.block_table = np.zeros((max_num_reqs, max_num_blocks_per_req), dtype=np.int32)
         self.num_blocks = np.zeros(max_num_reqs, dtype=np.int32)
         # Sampling parameters, one column each ("off" values make a row a no-op).
@@ -88,12 +93,15 @@ class InputBatch:
         self.num_tokens[row] = len(token_ids)
         self.num_prompt_tokens[row] = new.num_prompt_tokens
         self.num_computed_tokens[row] = new.num_computed_tokens
+        self.num_draft_tokens[row] = 0
+        self.lora_ids[row] = new.lora.lora_id if new.lora is not None else 0
         self.block_table[row, :len(block_ids)] = block_ids
         self.num_blocks[row] = len(block_ids)
         self._set_sampling(row, sampling, has_outputs=len(token_ids) > new.num_prompt_tokens)
         if output_start is not None:
             assert self.structured_outputs is not None
             self.structured_outputs.add_request(row, sampling.grammar, output_start)
+            self.can_speculate[row] = False
 
     def remove_request(self, handle: int) -> None:
         row = self.handle_to_row.pop(handle, None)
@@ -129,21 +137,25 @@ class InputBatch:
             self.num_computed_tokens[rows] = num_computed_tokens
 
     def append_sampled(self, rows: np.ndarray, token_ids: np.ndarray,
-                       deferred: list[int] | None = None) -> None:
+                       deferred: list[int] | None = None,
+                       emitted: np.ndarray | None = None) -> None:
         """Appends each sampling row's token, but at `deferred` (indices into `rows`: rows
         waiting for their grammar), whose last position is uncounted instead: the scheduler
-        schedules it again, and the step that recomputes it samples again."""
+        schedules it again, and the step that recomputes it samples again. A row that
+        verified drafts appears once per position, consecutively; `emitted` (a mask over
+        `rows`) keeps the tokens the verifier accepted, appended in order."""
+        keep = np.ones(len(rows), dtype=bool) if emitted is None else emitted.copy()
         if deferred:
             waiting = rows[deferred]
             self.num_computed_tokens[waiting] -= 1
             # NOTE: a row that sampled has computed its whole prompt, so its prompt logprobs
             # are sent; recomputing the prompt's last position must not send them again.
             self.num_prompt_logprobs[waiting] = NO_LOGPROBS
-            keep = np.ones(len(rows), dtype=bool)
             keep[deferred] = False
+        if not keep.all():
             rows, token_ids = rows[keep], token_ids[keep]
-        self.token_ids[rows, self.num_tokens[rows]] = token_ids
-        self.num_tokens[rows] += 1
+        self.token_ids[rows, self.num_tokens[rows] + _offsets_in_runs(rows)] = token_ids
+        np.add.at(self.num_tokens, rows, 1)
         if self.structured_outputs is not None:
             self.structured_outputs.accept_tokens(rows, token_ids)
 
@@ -174,6 +186,12 @@ class InputBatch:
         # logprobs before; recomputing its prompt must not send them twice.
         wants_prompt_logprobs = sp.prompt_logprobs is not None and not has_outputs
         self.num_prompt_logprobs[row] = sp.prompt_logprobs if wants_prompt_logprobs else NO_LOGPROBS
+        # NOTE: drafts are checked position by position only where sampling at a position
+        # does not depend on the tokens before it in the same step (penalties do), and where
+        # one token's logprobs are reported per step.
+        self.can_speculate[row] = (self.repetition_penalty[row] == 1.0
+                                   and not sp.presence_penalty and not sp.frequency_penalty
+                                   and sp.logprobs is None)
         if sp.seed is not None:
             self.generators[row] = torch.Generator(self.device).manual_seed(sp.seed)
         if sp.logit_bias_token_ids:
@@ -184,3 +202,19 @@ class InputBatch:
             if not sp.ignore_eos:
                 stop_ids = np.concatenate((stop_ids, self.eos_token_ids))
             self.min_tokens_stop_ids[row] = np.unique(stop_ids).astype(np.int64)
+
+
+def concat_ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """[starts[0], ..., starts[0] + counts[0] - 1, starts[1], ...] without a Python loop."""
+    total = int(counts.sum())
+    run_starts = np.cumsum(counts) - counts
+    return np.repeat(starts - run_starts, counts) + np.arange(total)
+
+
+def _offsets_in_runs(rows: np.ndarray) -> np.ndarray:
+    """Each entry's index within its run of equal consecutive rows (0 for a lone row)."""
+    if len(rows) < 2:
+        return np.zeros(len(rows), dtype=np.int64)
+    index = np.arange(len(rows))
+    run_start = np.r_[True, rows[1:] != rows[:-1]]
+    return index - np.maximum.accumulate(np.where(run_start, index, 0))

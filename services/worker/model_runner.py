@@ -17,30 +17,38 @@ import structlog
 import torch
 
 from services.common import wire
-from services.common.metrics import GrammarMetrics
+from services.common.metrics import EncoderCacheMetrics, GrammarMetrics
 from services.common.packing import unpack_int32
 from services.common.startup import StartupPhases
-from services.worker.attention import get_attention_backend_cls
 from services.worker.config import RunnerConfig, RunnerInfo
 from services.worker.cpu_runtime import configure_cpu_runtime
 from services.worker.cuda_graphs import CudaGraphRunner
 from services.worker.input_batch import InputBatch
 from services.worker.kv.connector import WorkerKVConnector, kv_fingerprint
 from services.worker.kv_cache import (
-    KVCacheSpec,
     accelerator_kv_budget,
     allocate_kv_caches,
     available_cpu_memory,
-    kv_cache_dtype,
     log_kv_cache_size,
     num_blocks_for_budget,
 )
+from services.worker.lora import RunnerLora, enable_lora
+from services.worker.model_loader import (
+    attention_backend,
+    kv_cache_spec,
+    load_model,
+    max_model_len,
+    resolve_device,
+)
 from services.worker.models.config import ModelConfig
-from services.worker.models.quantized import BlockSource
 from services.worker.models.llama import LlamaForCausalLM
 from services.worker.models.weights import WeightSource
+from services.worker.multimodal import RunnerMultiModal, enable_multimodal
+from services.worker.parallel.ranks import TensorParallelModel, TensorParallelRanks, pin_rank_cores
 from services.worker.sampler import Sampler
 from services.worker.sampling_metadata import build_sampling_metadata
+from services.worker.spec_decode.speculator import Speculator
+from services.worker.spec_decode.verifier import DraftVerifier
 from services.worker.step_batch import StepBatch, dummy_step_batch, prepare_step_batch
 from services.worker.step_output import build_step_output
 from services.worker.structured_outputs import StructuredOutputs, load_tokenizer_info
@@ -50,29 +58,33 @@ log = structlog.get_logger(__name__)
 
 class ModelRunner:
     def __init__(self, config: RunnerConfig, grammar_metrics: GrammarMetrics | None = None,
-                 startup: StartupPhases | None = None):
+                 startup: StartupPhases | None = None,
+                 encoder_cache_metrics: EncoderCacheMetrics | None = None):
         self.config = config
         startup = startup or StartupPhases()
-        self.device = _resolve_device(config.device)
+        self.device = resolve_device(config.device)
+        self.parallel: TensorParallelRanks | None = None
         with startup.phase("runtime and kernels"):
-            if self.device.type == "cpu":
-                configure_cpu_runtime(config.num_threads)
-            torch.manual_seed(config.seed)
             self.model_config = model_config = ModelConfig.from_hf_dir(config.model_dir)
-            self.max_model_len = _max_model_len(config.max_model_len, model_config)
+            self.max_model_len = max_model_len(config.max_model_len, model_config)
             self.block_size = config.block_size
-            self.attn_backend = get_attention_backend_cls(
-                config.attention_backend, self.device, config.kv_cache_dtype)(
-                model_config.num_attention_heads, model_config.num_key_value_heads,
-                model_config.head_dim, model_config.head_dim ** -0.5, config.block_size)
-        self.kv_spec = KVCacheSpec(
-            model_config.num_hidden_layers, model_config.num_key_value_heads,
-            model_config.head_dim, config.block_size,
-            kv_cache_dtype(config.kv_cache_dtype, config.torch_dtype))
+            if config.tensor_parallel_size > 1:   # before this rank keeps to its own cores
+                self.parallel = TensorParallelRanks(config, model_config, self.device)
+            if self.device.type == "cpu":
+                configure_cpu_runtime(pin_rank_cores(config, 0) if self.parallel
+                                      else config.num_threads)
+            torch.manual_seed(config.seed)
+        # What this rank builds: the whole model, or its shard's heads and MLP columns.
+        rank_config = self.parallel.plan.rank_config if self.parallel else model_config
+        self.attn_backend = attention_backend(config, rank_config, self.device)
+        self.kv_spec = kv_cache_spec(config, rank_config)
         memory_before_load = (torch.cuda.mem_get_info(self.device)
                               if self.device.type == "cuda" else None)
         with startup.phase("weights"):
             self.model = self._load_model()
+            self.multimodal: RunnerMultiModal | None = enable_multimodal(
+                config, model_config, self.device, self.parallel is not None,
+                encoder_cache_metrics)
         with startup.phase("KV cache"):
             num_blocks = self._num_kv_blocks(memory_before_load)
             self.kv_caches = allocate_kv_caches(self.kv_spec, num_blocks, self.device)
@@ -82,15 +94,22 @@ class ModelRunner:
         self.structured_outputs = StructuredOutputs(
             lambda: load_tokenizer_info(config.model_dir, model_config.vocab_size,
                                         list(model_config.eos_token_ids)),
-            config.max_num_seqs, model_config.vocab_size, config.grammar_cache_size,
+            self._max_num_samples, model_config.vocab_size, config.grammar_cache_size,
             grammar_metrics)
         self.input_batch = InputBatch(config.max_num_seqs, self.max_model_len,
                                       self.max_num_blocks_per_req, model_config.eos_token_ids,
                                       self.device, self.structured_outputs)
         self.sampler = Sampler(self.device, config.seed)
+        self.lora: RunnerLora | None = None
+        if config.enable_lora:
+            self.lora = RunnerLora(enable_lora(self.model, config.max_loras,
+                                               config.max_lora_rank, config.max_cpu_loras))
         self.cuda_graphs: CudaGraphRunner | None = None
-        if (self.device.type == "cuda" and config.enable_cuda_graphs
-                and self.attn_backend.name == "triton"):
+        # NOTE: no graphs with LoRA (the token -> slot mapping is not in a captured buffer) nor
+        # images (input embeddings and M-RoPE positions are not either).
+        if (self.device.type == "cuda" and config.enable_cuda_graphs and self.lora is None
+                and self.attn_backend.name == "triton" and self.parallel is None
+                and self.multimodal is None):
             self.cuda_graphs = CudaGraphRunner(self.model, self.attn_backend, config.max_num_seqs,
                                                self.max_num_blocks_per_req, self.device)
             with startup.phase("CUDA graphs"):
@@ -100,6 +119,10 @@ class ModelRunner:
                                vocab_size=model_config.vocab_size,
                                eos_token_ids=list(model_config.eos_token_ids),
                                model_name=config.model_dir.name)
+        self.speculator: Speculator | None = None
+        if config.speculative_config is not None:
+            with startup.phase("speculative decoding"):   # a draft model loads here
+                self.speculator = Speculator(config, self.device, self.info)
         self.kv_fingerprint = kv_fingerprint(config.model_dir, self.kv_spec, config.quantization)
         self.kv_connector: WorkerKVConnector | None = None
         """Moves blocks to / from the kvstore between forward passes; set by the service."""
@@ -113,6 +136,10 @@ class ModelRunner:
         except Exception as e:  # noqa: BLE001 - the worker must outlive a bad step
             log.exception("step failed", step=step.step)
             out = wire.StepOutput(step=step.step, error=f"{type(e).__name__}: {e}")
+        if self.lora is not None:
+            self.lora.report(out)
+        if self.multimodal is not None:
+            self.multimodal.report(out)
         out.execute_s = time.perf_counter() - started
         return out
 
@@ -129,18 +156,33 @@ class ModelRunner:
             return out
         hidden = self._forward(batch)
         logits = self.model.compute_logits(hidden[batch.logits_indices])
-        num_samples = len(batch.sampling_index)
         sample_rows = batch.rows[batch.sampling_index]
-        metadata = build_sampling_metadata(self.input_batch, sample_rows,
+        # One sampling row per position sampled at: 1 + the drafts a request verifies.
+        position_rows = np.repeat(sample_rows, batch.num_sample_positions)
+        num_samples = len(position_rows)
+        metadata = build_sampling_metadata(self.input_batch, position_rows,
                                            self.model_config.vocab_size, self.device)
+        verifier = (DraftVerifier(self.input_batch, sample_rows, batch.num_draft_tokens,
+                                  metadata) if batch.num_draft_tokens.any() else None)
         sampler_output = self.sampler(logits[:num_samples], metadata)
         sampled = sampler_output.sampled_token_ids.cpu().numpy().astype(np.int32)
         self.input_batch.num_computed_tokens[batch.rows] = batch.seq_lens
-        self.input_batch.append_sampled(sample_rows, sampled, metadata.deferred_rows)
-        out = build_step_output(step.step, batch, sampled, sampler_output,
-                                metadata.logprob_rows, logits[num_samples:],
+        emitted = None
+        if verifier is not None:
+            num_accepted, emitted = verifier.verify(sampled)
+            # Rejected drafts' KV is not the request's: it is overwritten from here on.
+            self.input_batch.num_computed_tokens[sample_rows] -= (batch.num_draft_tokens
+                                                                  - num_accepted)
+        self.input_batch.append_sampled(position_rows, sampled, metadata.deferred_rows,
+                                        emitted)
+        handles = batch.handles[batch.sampling_index]
+        out = build_step_output(step.step, batch,
+                                np.repeat(handles, batch.num_sample_positions), sampled,
+                                sampler_output, metadata.logprob_rows, logits[num_samples:],
                                 metadata.unreported_rows, metadata.rejections,
-                                metadata.deferred_rows)
+                                metadata.deferred_rows, emitted)
+        if self.speculator is not None:
+            self.speculator.propose(self.input_batch, handles, sample_rows, out)
         if connector is not None:
             connector.after_forward(step)
             connector.finish_step(out, is_idle=False)
@@ -150,10 +192,19 @@ class ModelRunner:
         """Applies the step's diffs in the wire's order: finished, new, then cached requests."""
         if step.reset:
             self.input_batch.reset()
-        for handle in unpack_int32(step.finished_handles).tolist():
+        finished = unpack_int32(step.finished_handles).tolist()
+        if self.speculator is not None:
+            self.speculator.remember(self.input_batch, finished)
+        for handle in finished:
             self.input_batch.remove_request(handle)
         for new in step.new_requests:
             self.input_batch.add_request(new)
+        if self.lora is not None:
+            self.lora.add_requests(self.input_batch, step.new_requests)
+        if self.multimodal is not None:
+            self.multimodal.update(step)
+        if self.speculator is not None:
+            self.speculator.add_requests(self.input_batch, [n.handle for n in step.new_requests])
         if step.cached_handles:
             self.input_batch.update_cached(
                 unpack_int32(step.cached_handles), unpack_int32(step.cached_num_new_blocks),
@@ -161,32 +212,37 @@ class ModelRunner:
                 unpack_int32(step.cached_num_computed_tokens))
 
     def _forward(self, batch: StepBatch) -> torch.Tensor:
+        if self.lora is not None:
+            self.lora.prepare_step(batch, self.input_batch)
         if self.cuda_graphs is not None and self.cuda_graphs.can_run(batch):
             return self.cuda_graphs.run(batch)
         attn_metadata = self.attn_backend.build_metadata(batch.attn)
+        if self.multimodal is not None:
+            inputs_embeds, positions = self.multimodal.prepare_inputs(
+                batch, self.model.embed_input_ids)
+            return self.model.forward(batch.input_ids, positions, attn_metadata, inputs_embeds)
         return self.model.forward(batch.input_ids, batch.positions, attn_metadata)
 
-    def _load_model(self) -> LlamaForCausalLM:
-        started = time.perf_counter()
-        weights = WeightSource(self.config.model_dir, self.config.torch_dtype, self.device)
-        model = LlamaForCausalLM(self.model_config, weights, self.attn_backend,
-                                 self.max_model_len, self._gguf_blocks(), self.config.quantization)
-        log.info("model weights loaded", model=self.config.model_dir.name,
-                 model_type=self.model_config.model_type, dtype=self.config.dtype,
-                 device=str(self.device), attention_backend=self.attn_backend.name,
-                 seconds=round(time.perf_counter() - started, 2), weight_bytes=model.num_bytes,
-                 small_batch_weight_bytes=model.small_batch_bytes,
-                 threads=torch.get_num_threads())
-        return model
+    @property
+    def _max_num_samples(self) -> int:
+        """Most positions a step samples at: 1 + drafts per request."""
+        spec = self.config.speculative_config
+        return self.config.max_num_seqs * (1 + (spec.num_speculative_tokens if spec else 0))
 
-    def _gguf_blocks(self) -> BlockSource | None:
-        """The GGUF blocks saved with a converted model, where small fp32 batches on the CPU
-        can read them."""
-        config = self.config
-        if (not config.use_gguf_blocks or self.device.type != "cpu"
-                or config.torch_dtype != torch.float32):
-            return None
-        return BlockSource.of_model_dir(config.model_dir)
+    def _load_model(self) -> LlamaForCausalLM | TensorParallelModel:
+        weights = WeightSource(self.config.model_dir, self.config.torch_dtype, self.device)
+        if self.parallel is not None:
+            return self.parallel.build(self.config, weights, self.attn_backend,
+                                       self.max_model_len)
+        return load_model(self.config, self.model_config, weights, self.attn_backend,
+                          self.max_model_len)
+
+    def close(self) -> None:
+        self.structured_outputs.close()
+        if self.kv_connector is not None:
+            self.kv_connector.close()
+        if self.parallel is not None:
+            self.parallel.close()
 
     def _num_kv_blocks(self, memory_before_load: tuple[int, int] | None) -> int:
         """CPU: --kv-cache-memory, or a fraction of available RAM. Accelerator: vLLM's rule,
@@ -208,7 +264,7 @@ class ModelRunner:
         """Peak device memory of a forward pass at max_num_batched_tokens (weights included),
         run against a throwaway KV cache just big enough for it."""
         num_tokens = min(self.config.max_num_batched_tokens, self.max_model_len)
-        num_samples = min(self.config.max_num_seqs, num_tokens)
+        num_samples = min(self._max_num_samples, num_tokens)
         torch.cuda.reset_peak_memory_stats(self.device)
         caches = allocate_kv_caches(self.kv_spec, math.ceil(num_tokens / self.block_size) + 1,
                                     self.device)
@@ -225,27 +281,3 @@ class ModelRunner:
         log.info("profiled a forward pass", num_tokens=num_tokens, peak_bytes=peak)
         return peak
 
-
-def _resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"unknown --device {device!r} (choose from auto, cpu, cuda)")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda but no CUDA device is visible")
-    return torch.device(device)
-
-
-def _max_model_len(requested: int | None, model_config: ModelConfig) -> int:
-    limit = model_config.max_position_embeddings
-    if requested is not None and requested > limit:
-        raise ValueError(f"--max-model-len {requested} exceeds the model's "
-                         f"max_position_embeddings ({limit})")
-    max_model_len = requested or limit
-    window = model_config.sliding_window
-    if window is not None and max_model_len > window:
-        # NOTE: within the window, sliding-window attention is plain causal attention; we
-        # implement only that, so contexts stop at the window.
-        log.warning("capping max_model_len at the model's sliding window", sliding_window=window)
-        max_model_len = window
-    return max_model_len

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from services.common import wire
 from services.common.kv_data_plane import client_tls
-from services.common.metrics import GrammarMetrics
+from services.common.metrics import EncoderCacheMetrics, GrammarMetrics
+from services.common.mm_inputs import MultiModalInputs
 from services.common.model_files import resolve_model
 from services.common.packing import pack_int32
 from services.common.service import Service
@@ -40,6 +41,7 @@ class WorkerService(Service):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-runner")
         self._incarnation = time.time_ns() & 0x7FFF_FFFF_FFFF_FFFF
         self._steps_in_flight = 0
+        self._mm_inputs: MultiModalInputs | None = None   # vision models: preprocessed images
 
     async def setup(self) -> None:
         with self.startup.phase("model files"):
@@ -48,12 +50,22 @@ class WorkerService(Service):
         loop = asyncio.get_running_loop()
         self.runner = await loop.run_in_executor(
             self._executor, partial(ModelRunner, self._runner_config(files.hf_dir),
-                                    GrammarMetrics(self.registry), self.startup))
+                                    GrammarMetrics(self.registry), self.startup,
+                                    EncoderCacheMetrics(self.registry)))
         with self.startup.phase("KV connector and grammar warm-up"):
-            self.runner.kv_connector = self._kv_connector(self.runner)
+            if self.runner.parallel is None:
+                self.runner.kv_connector = self._kv_connector(self.runner)
+            else:
+                # NOTE: the kvstore holds whole blocks; each rank holds some heads of them.
+                self.log.warning("the KV connector (kvstore offload) is off under tensor "
+                                 "parallelism", tensor_parallel_size=self.settings
+                                 .tensor_parallel_size)
             self.runner.structured_outputs.warm()   # the first grammar must not wait for it
         self._served_name = self.settings.served_model_name or files.served_name
         bus = self.connected_bus
+        if self.runner.multimodal is not None:
+            self._mm_inputs = await MultiModalInputs.open(
+                bus.client.jetstream(), self.subjects, self.settings.jetstream_replicas)
         await bus.serve(self.subjects.worker_step(self.settings.engine_id), wire.StepInput,
                         self.on_step)
         await bus.serve(self.subjects.worker_info(self.settings.engine_id),
@@ -71,7 +83,10 @@ class WorkerService(Service):
             gpu_memory_utilization=s.gpu_memory_utilization, device=s.device,
             attention_backend=s.attention_backend, max_num_seqs=s.max_num_seqs,
             max_num_batched_tokens=s.max_num_batched_tokens, seed=s.seed,
-            num_threads=s.num_threads or None, grammar_cache_size=s.grammar_cache_size)
+            num_threads=s.num_threads or None, grammar_cache_size=s.grammar_cache_size,
+            speculative_config=s.speculative, tensor_parallel_size=s.tensor_parallel_size,
+            enable_lora=s.enable_lora, max_loras=s.max_loras, max_lora_rank=s.max_lora_rank,
+            max_cpu_loras=s.max_cpu_loras or None, encoder_cache_size=s.encoder_cache_size)
 
     def _kv_connector(self, runner: ModelRunner) -> WorkerKVConnector:
         s = self.settings
@@ -88,7 +103,11 @@ class WorkerService(Service):
             num_blocks=info.num_blocks, block_size=info.block_size,
             max_model_len=info.max_model_len, model=self._served_name,
             vocab_size=info.vocab_size, eos_token_ids=pack_int32(info.eos_token_ids),
-            incarnation=self._incarnation, kv_fingerprint=self.runner.kv_fingerprint)
+            incarnation=self._incarnation,
+            # An empty fingerprint turns the scheduler's side of the KV connector off.
+            kv_fingerprint=self.runner.kv_fingerprint if self.runner.kv_connector else "",
+            max_loras=self.runner.lora.manager.max_loras if self.runner.lora else 0,
+            max_cpu_loras=self.runner.lora.manager.max_cpu_loras if self.runner.lora else 0)
 
     def readiness(self) -> tuple[bool, str]:
         return (True, "") if self.runner is not None else (False, "loading model")
@@ -103,10 +122,33 @@ class WorkerService(Service):
         assert self.runner is not None
         self._steps_in_flight += 1
         try:
+            await self._fetch_images(step)
             return await asyncio.get_running_loop().run_in_executor(
                 self._executor, self.runner.execute, step)
         finally:
             self._steps_in_flight -= 1
+
+    async def _fetch_images(self, step: wire.StepInput) -> None:
+        """Hands the runner the preprocessed images the step's new requests bring, unless it
+        holds them or has them encoded. One that cannot be fetched is left out: the runner
+        rejects its request with the reason, and the rest of the step runs."""
+        multimodal = self.runner.multimodal if self.runner is not None else None
+        if multimodal is None or self._mm_inputs is None:
+            return
+        store = self._mm_inputs
+        keys = {item.data_key for new in step.new_requests for item in new.mm_items
+                if multimodal.needs_payload(item)}
+
+        async def fetch(key: str) -> None:
+            try:
+                multimodal.add_payload(key, await store.get(key))
+            except Exception as exc:  # noqa: BLE001 - its request is rejected, not the step
+                self.log.warning("preprocessed image not fetched", data_key=key,
+                                 error=f"{type(exc).__name__}: {exc}")
+
+        async with asyncio.TaskGroup() as tasks:
+            for key in keys:
+                tasks.create_task(fetch(key))
 
     async def drain(self) -> None:
         # The scheduler drives steps; finish the one in flight, if any.
@@ -116,6 +158,4 @@ class WorkerService(Service):
     async def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
         if self.runner is not None:
-            self.runner.structured_outputs.close()
-        if self.runner is not None and self.runner.kv_connector is not None:
-            self.runner.kv_connector.close()
+            self.runner.close()

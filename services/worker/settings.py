@@ -27,9 +27,22 @@ class WorkerSettings(CommonSettings, EngineSettings, KVTLSSettings):
     attention_backend: str = setting("auto", "Attention implementation (auto: triton on "
                                      "cuda, torch on cpu)", choices=("auto", "torch", "triton"))
     num_threads: int = setting(0, "CPU threads for the model (0: all cores)")
+    tensor_parallel_size: int = setting(
+        1, "Split the model over this many ranks (processes: gloo on CPU, NCCL on GPUs), each "
+        "holding a share of the attention heads, MLP columns and vocabulary; on CPU each rank "
+        "runs on its own share of the cores")
     use_gguf_blocks: bool = setting(True, "With a GGUF model in fp32 on CPU: decode steps of a "
                                     "few requests read the GGUF's quantized blocks, expanded to "
                                     "the same fp32 values on the fly (~5x fewer bytes a step)")
+    enable_lora: bool = setting(False, "Serve LoRA adapters (PEFT directories) named by "
+                                "requests; the gateway's --lora-modules names them")
+    max_loras: int = setting(1, "With --enable-lora: adapters one step may mix (their slots "
+                             "are allocated in the model)")
+    max_lora_rank: int = setting(16, "With --enable-lora: the largest adapter rank accepted")
+    max_cpu_loras: int = setting(0, "With --enable-lora: adapters kept in host memory, least "
+                                 "recently used dropped first (0: --max-loras)")
+    encoder_cache_size: int = setting(8192, "Vision models: image embeddings kept by content "
+                                      "hash, in embedding rows (least recently used dropped)")
     grammar_cache_size: int = setting(64, "Structured outputs: compiled grammars kept (LRU), "
                                       "keyed by kind and spec text")
     # KV connector (docs/kvstore.md): the scheduler names the blocks; these bound the I/O.

@@ -3,6 +3,11 @@
 Requests are reordered decodes first (one query token each), then prefill chunks, so attention
 backends find all decode rows in one contiguous slice. Everything is vectorized over tokens:
 positions, input ids and slots are gathers from the persistent batch's columns.
+
+Speculative decoding: a request's draft tokens sit in its row right after its known tokens,
+so a step scheduled past the known tokens runs them as extra query positions (a decode of
+1 + d tokens looks like a short prefill chunk to attention), and the request samples at each
+of its last d + 1 positions; the verifier (spec_decode/) keeps what the target model accepts.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import torch
 from services.common import wire
 from services.common.packing import unpack_int32
 from services.worker.attention.backend import CommonAttentionMetadata
-from services.worker.input_batch import NO_LOGPROBS, InputBatch, InputBatchError
+from services.worker.input_batch import NO_LOGPROBS, InputBatch, InputBatchError, concat_ranges
 
 
 @dataclass
@@ -35,7 +40,9 @@ class StepBatch:
     positions: torch.Tensor      # int64 [T]
     attn: CommonAttentionMetadata
     sampling_index: np.ndarray   # indices into N of the requests that sample, in order
-    logits_indices: torch.Tensor  # int64: hidden rows to compute logits for (samples first)
+    num_draft_tokens: np.ndarray  # int64, per sampling request: drafts it verifies
+    logits_indices: torch.Tensor  # int64: hidden rows to compute logits for (sampling
+    # positions first: each sampling request's last 1 + drafts positions, in order)
     prompt_logprobs: list[PromptLogprobsChunk]
 
     @property
@@ -45,6 +52,11 @@ class StepBatch:
     @property
     def is_decode_only(self) -> bool:
         return self.attn.num_decodes == self.attn.num_reqs
+
+    @property
+    def num_sample_positions(self) -> np.ndarray:
+        """Per sampling request: the positions it samples at (1 + its drafts)."""
+        return self.num_draft_tokens + 1
 
 
 def prepare_step_batch(step: wire.StepInput, batch: InputBatch, block_size: int,
@@ -81,9 +93,13 @@ def prepare_step_batch(step: wire.StepInput, batch: InputBatch, block_size: int,
     max_blocks = -(-int(seq_lens.max()) // block_size)
     num_decodes = int(np.count_nonzero(query_lens == 1))
 
-    samples = seq_lens == batch.num_tokens[rows]
-    sampling_index = np.flatnonzero(samples)
-    logits_rows = [query_start_loc[1:][sampling_index] - 1]
+    # A request samples once it runs up to its known tokens; past them it verifies drafts.
+    num_past_known = seq_lens - batch.num_tokens[rows]
+    sampling_index = np.flatnonzero(num_past_known >= 0)
+    num_drafts = num_past_known[sampling_index]
+    ends = query_start_loc[1:][sampling_index]
+    logits_rows = [concat_ranges(ends - num_drafts - 1, num_drafts + 1)
+                   if num_drafts.any() else ends - 1]
     prompt_chunks = _prompt_logprobs(batch, handles, rows, num_computed, seq_lens,
                                      query_start_loc, logits_rows)
 
@@ -101,15 +117,15 @@ def prepare_step_batch(step: wire.StepInput, batch: InputBatch, block_size: int,
     return StepBatch(
         handles=handles, rows=rows, seq_lens=seq_lens.astype(np.int32),
         input_ids=to_device(input_ids, torch.int64), positions=to_device(positions, torch.int64),
-        attn=attn, sampling_index=sampling_index,
+        attn=attn, sampling_index=sampling_index, num_draft_tokens=num_drafts,
         logits_indices=to_device(np.concatenate(logits_rows), torch.int64),
         prompt_logprobs=prompt_chunks)
 
 
 def _validate(batch: InputBatch, rows: np.ndarray, seq_lens: np.ndarray,
               block_size: int) -> None:
-    if (seq_lens > batch.num_tokens[rows]).any():
-        raise InputBatchError("scheduled past a request's known tokens")
+    if (seq_lens > batch.num_tokens[rows] + batch.num_draft_tokens[rows]).any():
+        raise InputBatchError("scheduled past a request's known tokens and drafts")
     if (-(-seq_lens // block_size) > batch.num_blocks[rows]).any():
         raise InputBatchError("scheduled tokens without KV blocks for them")
 
@@ -158,5 +174,5 @@ def dummy_step_batch(num_tokens: int, block_size: int, device: torch.device) -> 
         seq_lens=seq_lens.astype(np.int32),
         input_ids=torch.zeros(num_tokens, dtype=torch.int64, device=device),
         positions=torch.from_numpy(positions).to(device), attn=attn,
-        sampling_index=np.zeros(1, np.int64),
+        sampling_index=np.zeros(1, np.int64), num_draft_tokens=np.zeros(1, np.int64),
         logits_indices=torch.tensor([num_tokens - 1], device=device), prompt_logprobs=[])

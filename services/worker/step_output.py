@@ -6,25 +6,39 @@ import numpy as np
 import torch
 
 from services.common import wire
-from services.common.packing import pack_float32, pack_int32, pack_strings
+from services.common.packing import (
+    pack_float32, pack_int32, pack_strings, unpack_int32, unpack_strings)
 from services.worker.sampler import SamplerOutput, gather_logprobs
 from services.worker.step_batch import StepBatch
 
 
-def build_step_output(step: int, batch: StepBatch, sampled: np.ndarray,
-                      sampler_output: SamplerOutput, logprob_rows: torch.Tensor | None,
+def add_rejections(out: wire.StepOutput, rejections: dict[int, str]) -> None:
+    """Adds requests refused outside sampling (handle -> why) to the output's rejected ones."""
+    if not rejections:
+        return
+    out.rejected_handles = pack_int32(np.concatenate(
+        [unpack_int32(out.rejected_handles), np.fromiter(rejections, np.int32)]))
+    out.rejected_reasons = pack_strings(unpack_strings(out.rejected_reasons)
+                                        + list(rejections.values()))
+
+
+def build_step_output(step: int, batch: StepBatch, sampling_handles: np.ndarray,
+                      sampled: np.ndarray, sampler_output: SamplerOutput,
+                      logprob_rows: torch.Tensor | None,
                       prompt_logits: torch.Tensor | None,
                       unreported: list[int],
                       rejections: dict[int, str] | None = None,
-                      deferred: list[int] | None = None) -> wire.StepOutput:
-    """sampled: int32 token per sampling request; prompt_logits: fp32 rows of the prompt
+                      deferred: list[int] | None = None,
+                      emitted: np.ndarray | None = None) -> wire.StepOutput:
+    """sampling_handles / sampled: the handle and int32 token of each sampled position (a
+    request verifying drafts has several, consecutive); emitted: a mask of the positions
+    whose token the verifier kept (None: all); prompt_logits: fp32 rows of the prompt
     logprob chunks, in chunk order (None when no request asked for prompt logprobs);
-    unreported: sampling rows whose token is left out (the scheduler fails their request,
-    unless it is deferred); rejections: of those, the rows ended for their own input, and
-    why (a 400 for the client); deferred: of those, the rows waiting for their grammar (the
-    scheduler schedules their last position again)."""
-    sampling_handles = batch.handles[batch.sampling_index]
-    reported = np.ones(len(sampled), dtype=bool)
+    unreported: positions whose token is left out (the scheduler fails their request,
+    unless it is deferred); rejections: of those, the positions ended for their own input,
+    and why (a 400 for the client); deferred: of those, the positions waiting for their
+    grammar (the scheduler schedules their last position again)."""
+    reported = np.ones(len(sampled), dtype=bool) if emitted is None else emitted.copy()
     reported[unreported] = False
     out = wire.StepOutput(step=step, handles=pack_int32(sampling_handles[reported]),
                           sampled_token_ids=pack_int32(sampled[reported]))

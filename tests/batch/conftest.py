@@ -1,19 +1,29 @@
-"""Batch fixtures: a nats-server with JetStream, and a batch store on a fresh namespace per
-test (so tests never see each other's jobs)."""
+"""Batch fixtures: a nats-server with JetStream, a batch store on a fresh namespace per test
+(so tests never see each other's jobs), and gateways (the real app, auth included) on it."""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
+import httpx2 as httpx
 import nats
 import pytest
+from prometheus_client import CollectorRegistry
 
 from llm_mesh.embedded import EmbeddedNats
 from services.common.batch_jobs.store import BatchStore
+from services.common.bus import Bus
+from services.common.frontend.context import FrontendContext
+from services.common.frontend.mesh_view import MeshView
+from services.common.metrics import GatewayMetrics
 from services.common.subjects import Subjects
+from services.gateway.app import create_app
+from services.gateway.settings import GatewaySettings
 
 _namespaces = itertools.count()
+Gateway = Callable[[list[str]], httpx.AsyncClient]   # API keys -> a client of a new gateway
 
 
 @pytest.fixture(scope="module")
@@ -28,3 +38,39 @@ async def store(nats_server: EmbeddedNats) -> AsyncIterator[BatchStore]:
     client = await nats.connect(nats_server.url)
     yield await BatchStore.open(client.jetstream(), Subjects(f"t{next(_namespaces)}"))
     await client.close()
+
+
+class _Client:
+    gateway_id = "batch-test"   # all the files and batches API uses of the mesh client
+
+
+@pytest.fixture
+async def gateway(nats_server: EmbeddedNats,
+                  monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Gateway]:
+    """Makes gateways on one fresh namespace: they share one batch plane, as replicas do.
+    Their NATS connections close after the test."""
+    namespace = f"gateway{next(_namespaces)}"
+    buses: list[Bus] = []
+    connect = Bus.connect
+
+    async def tracked_connect(*args: Any, **kwargs: Any) -> Bus:
+        buses.append(await connect(*args, **kwargs))
+        return buses[-1]
+
+    monkeypatch.setattr(Bus, "connect", tracked_connect)
+    clients: list[httpx.AsyncClient] = []
+
+    def make(keys: list[str]) -> httpx.AsyncClient:
+        settings = GatewaySettings(nats_url=nats_server.url, namespace=namespace, api_key=keys)
+        ctx = FrontendContext(settings, _Client(), MeshView(60.0),  # type: ignore[arg-type]
+                              GatewayMetrics(CollectorRegistry()))
+        app = create_app(ctx, CollectorRegistry())
+        clients.append(httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                         base_url="http://gateway"))
+        return clients[-1]
+
+    yield make
+    for client in clients:
+        await client.aclose()
+    for bus in buses:
+        await bus.close()

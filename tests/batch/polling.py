@@ -10,11 +10,17 @@ from tests.faults.streams import poll
 
 
 def wait_for(client: openai.OpenAI, batch_id: str, done: Any, timeout_s: float = 180.0) -> Any:
-    """The batch once `done(batch)` holds (polled every 0.2 s, failing after `timeout_s`)."""
+    """The batch once `done(batch)` holds (polled every 0.2 s, failing after `timeout_s`).
+    A 503 (NATS failing over under the gateway) is polled again, as a client retries it."""
     seen: list[Any] = []
 
     def check() -> bool:
-        seen[:] = [client.batches.retrieve(batch_id)]
+        try:
+            seen[:] = [client.batches.retrieve(batch_id)]
+        except openai.APIStatusError as exc:
+            if exc.status_code != 503:
+                raise
+            return False
         return bool(done(seen[0]))
 
     poll(check, timeout_s, f"batch {batch_id}", interval_s=0.2)

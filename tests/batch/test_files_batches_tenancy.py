@@ -5,65 +5,16 @@ configured) works as it always did."""
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx2 as httpx
-import pytest
-from prometheus_client import CollectorRegistry
 
-from llm_mesh.embedded import EmbeddedNats
-from services.common.bus import Bus
-from services.common.frontend.context import FrontendContext
-from services.common.frontend.mesh_view import MeshView
-from services.common.metrics import GatewayMetrics
-from services.gateway.app import create_app
-from services.gateway.settings import GatewaySettings
+from tests.batch.conftest import Gateway
 
 CHAT = "/v1/chat/completions"
 ALPHA, BETA = "alpha-key", "beta-key"
 LINE = b'{"custom_id": "q-1", "method": "POST", "url": "/v1/chat/completions", "body": {}}\n'
-
-_namespaces = itertools.count()
-Gateway = Callable[[list[str]], httpx.AsyncClient]
-
-
-class _Client:
-    gateway_id = "tenancy-test"   # all the files and batches API uses of the mesh client
-
-
-@pytest.fixture
-async def gateway(nats_server: EmbeddedNats,
-                  monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Gateway]:
-    """Makes gateways (API keys -> HTTP client) on one fresh namespace: they share one batch
-    plane, as replicas do. Their NATS connections close after the test."""
-    namespace = f"tenancy{next(_namespaces)}"
-    buses: list[Bus] = []
-    connect = Bus.connect
-
-    async def tracked_connect(*args: Any, **kwargs: Any) -> Bus:
-        buses.append(await connect(*args, **kwargs))
-        return buses[-1]
-
-    monkeypatch.setattr(Bus, "connect", tracked_connect)
-    clients: list[httpx.AsyncClient] = []
-
-    def make(keys: list[str]) -> httpx.AsyncClient:
-        settings = GatewaySettings(nats_url=nats_server.url, namespace=namespace, api_key=keys)
-        ctx = FrontendContext(settings, _Client(), MeshView(60.0),  # type: ignore[arg-type]
-                             GatewayMetrics(CollectorRegistry()))
-        app = create_app(ctx, CollectorRegistry())
-        clients.append(httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                         base_url="http://gateway"))
-        return clients[-1]
-
-    yield make
-    for client in clients:
-        await client.aclose()
-    for bus in buses:
-        await bus.close()
-
 
 def as_key(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}

@@ -60,12 +60,13 @@ class FakeMeshClient:
         pass
 
 
-def executor(client: FakeMeshClient, retry_for_s: float = 5.0) -> LineExecutor:
+def executor(client: FakeMeshClient, retry_for_s: float = 5.0,
+             settings: BatchSettings | None = None) -> LineExecutor:
     view = MeshView(stale_after_s=60.0)
     view.on_heartbeat(wire.Heartbeat(
         service="scheduler", instance_id="sched-0", ready=True, engine_id="engine-0",
-        engine=wire.EngineInfo(model="m", max_model_len=2048)))
-    ctx = FrontendContext(BatchSettings(), client, view,  # type: ignore[arg-type]
+        engine=wire.EngineInfo(model="m", max_model_len=2048, max_loras=2)))
+    ctx = FrontendContext(settings or BatchSettings(), client, view,  # type: ignore[arg-type]
                          GatewayMetrics(CollectorRegistry()))
     return LineExecutor(ctx, priority=1000, retry_for_s=retry_for_s)
 
@@ -86,6 +87,18 @@ async def test_a_line_runs_at_the_batch_priority_without_streaming() -> None:
     assert outcome.body["choices"][0]["message"]["content"] == "hi"
     assert outcome.request_id.startswith("chatcmpl-")
     assert [r.priority for r in client.submitted] == [1000]
+
+
+async def test_a_line_naming_a_lora_adapter_runs_with_it_on_its_base_model() -> None:
+    client = FakeMeshClient()
+    settings = BatchSettings(lora_modules=["sql=/adapters/sql"])
+    outcome = await executor(client, settings=settings).run(CHAT, chat(model="sql"), None,
+                                                             never)
+    assert outcome is not None and outcome.status_code == 200
+    assert outcome.body["model"] == "sql"
+    [request] = client.submitted
+    assert (request.lora.name, request.lora.path) == ("sql", "/adapters/sql")
+    assert request.lora.lora_id > 0
 
 
 async def test_a_bad_body_gets_the_gateways_400_without_retrying() -> None:

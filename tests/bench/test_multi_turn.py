@@ -8,6 +8,7 @@ import json
 import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,20 @@ def test_histories_grow_with_the_servers_answers(builder: PromptBuilder) -> None
         {"role": "assistant", "content": "first answer"}, {"role": "user", "content": u2},
         {"role": "assistant", "content": "second answer"}, {"role": "user", "content": u3}]
     assert third.prompt_len == 30 + 6 + 5 + 6 + 3 + 6
+
+
+def test_think_times_are_seeded_and_leave_the_texts_alone(builder: PromptBuilder) -> None:
+    thinking = replace(OPTIONS, think_time_s=0.5)
+    conversations = build_conversations(thinking, builder, 50, seed=7)
+    times = [t for c in conversations for t in c.think_times]
+    assert all(len(c.think_times) == 2 for c in conversations)  # between 3 turns
+    assert len(set(times)) == 100 and min(times) > 0
+    assert 0.4 < sum(times) / len(times) < 0.6  # exponential, mean 0.5 (100 draws)
+    again = build_conversations(thinking, builder, 50, seed=7)
+    assert [c.think_times for c in again] == [c.think_times for c in conversations]
+    plain = build_conversations(OPTIONS, builder, 50, seed=7)
+    assert [c.user_turns for c in plain] == [c.user_turns for c in conversations]
+    assert all(c.think_times == [0.0, 0.0] for c in plain)
 
 
 def test_session_hints_are_a_body_field_and_a_header(builder: PromptBuilder) -> None:
@@ -153,8 +168,9 @@ async def serving(fake: FakeChatServer) -> AsyncIterator[str]:
 
 
 def run_against_fake(builder: PromptBuilder, num_sessions: int, max_concurrency: int,
-                     http_client: str = "raw") -> tuple[FakeChatServer, RunResult]:
-    conversations = build_conversations(OPTIONS, builder, num_sessions, seed=1)
+                     http_client: str = "raw", options: MultiTurnOptions = OPTIONS
+                     ) -> tuple[FakeChatServer, RunResult]:
+    conversations = build_conversations(options, builder, num_sessions, seed=1)
     fake = FakeChatServer()
 
     async def go() -> RunResult:
@@ -189,6 +205,17 @@ def test_turns_go_in_order_each_on_the_previous_answer(builder: PromptBuilder,
             assert later["messages"][-2] == {"role": "assistant",
                                              "content": fake.answers[answered]}
     assert [r.turn for r in run.results] == [1, 2, 3] * 4  # grouped by session, in order
+
+
+def test_a_session_pauses_its_think_time_between_turns(builder: PromptBuilder) -> None:
+    options = replace(OPTIONS, think_time_s=0.1)
+    [conversation] = build_conversations(options, builder, 1, seed=1)
+    fake, run = run_against_fake(builder, num_sessions=1, max_concurrency=1, options=options)
+    assert all(r.success for r in run.results) and len(run.results) == 3
+    for earlier, later, pause in zip(run.results, run.results[1:], conversation.think_times,
+                                     strict=False):
+        # The next turn leaves no sooner than its draw after the previous answer ended.
+        assert later.start_time - (earlier.start_time + earlier.latency) >= pause
 
 
 def test_cached_tokens_add_up_to_the_hit_rate(builder: PromptBuilder) -> None:
@@ -251,7 +278,8 @@ def test_the_cli_runs_sessions_and_reports_turns(tiny_tokenizer_dir: Path, tmp_p
     assert "P50 TTFT turns 2+ (ms)" in printed and "P50 TTFT by turn (ms)" in printed
 
 
-@pytest.mark.parametrize("extra", [["--endpoint", "completions"], ["--num-prompts", "5"]])
+@pytest.mark.parametrize("extra", [["--endpoint", "completions"], ["--num-prompts", "5"],
+                                   ["--think-time", "-1"]])
 def test_the_cli_refuses_what_multi_turn_cannot_do(tiny_tokenizer_dir: Path,
                                                    extra: list[str]) -> None:
     with pytest.raises(SystemExit):

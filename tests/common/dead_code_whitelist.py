@@ -13,9 +13,11 @@ _.in_progress_at, _.failed_at, _.expired_at, _.cancelling_at
 # forced call is enforced anyway).
 _.strict
 # Pydantic models and enums a test hands an agent library, which reads them by name.
-_.RED, _.GREEN, _.BLUE, _.color, _.weight_grams
+_.RED, _.GREEN, _.BLUE, _.color, _.weight_grams, _.degrees
 # uvicorn.Server hooks the gateway (and the bench stub server) override or set.
 _.capture_signals, _.should_exit
+# transformers reads it from a config: the tiny test checkpoints ask for eager attention.
+_._attn_implementation
 # A model config read from HF's config.json: kept whole so it describes the model.
 _.hidden_size, _.intermediate_size
 # nn.Linear's attribute names, which torch tooling (and a reader) expects on a linear layer.
@@ -24,6 +26,8 @@ _.in_features, _.out_features
 _.__getattr__, _.__dir__
 # A Triton kernel's stride arguments come as a set, one per dimension, used or not.
 _.stride_co
+# http.server calls a request handler's do_GET by name (tests/tokenizer/multimodal).
+_.do_GET
 # tokenizers' PreTrainedTokenizerFast reads it (tests/bench/tiny_tokenizer.py).
 _.pre_tokenizer
 # hypothesis RuleBasedStateMachine rules and invariants, called by name.

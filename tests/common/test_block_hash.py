@@ -1,4 +1,4 @@
-from services.common.block_hash import BlockHasher, HashAlgo
+from services.common.block_hash import BlockHasher, HashAlgo, MultiModalSpan
 
 
 def test_only_full_blocks_are_hashed() -> None:
@@ -39,3 +39,18 @@ def test_hashes_agree_across_instances_and_depend_on_seed_and_algo() -> None:
     assert BlockHasher(16, seed="x").hash_blocks(tokens) != BlockHasher(16).hash_blocks(tokens)
     fast = BlockHasher(16, HashAlgo.XXH3_128).hash_blocks(tokens)
     assert fast != BlockHasher(16).hash_blocks(tokens) and len(fast[0]) == 16
+
+
+def test_an_images_hash_enters_exactly_the_blocks_of_its_placeholders() -> None:
+    """Same image, same blocks; another image at the same placeholders changes the blocks
+    holding them (and every block after: the chain), never the blocks before."""
+    hasher = BlockHasher(block_size=4)
+    tokens = list(range(100, 120))                        # 5 blocks; placeholders 6..13
+    cat, dog = MultiModalSpan(6, 8, "a" * 64), MultiModalSpan(6, 8, "b" * 64)
+    with_cat = hasher.hash_blocks(tokens, mm_spans=(cat,))
+    assert with_cat == hasher.hash_blocks(tokens, mm_spans=(cat,))
+    with_dog = hasher.hash_blocks(tokens, mm_spans=(dog,))
+    assert with_cat[0] == with_dog[0] == hasher.hash_blocks(tokens)[0]
+    assert all(a != b for a, b in zip(with_cat[1:], with_dog[1:]))
+    assert [bool(hasher.extra_keys(i, mm_spans=(cat,))) for i in range(5)] == \
+        [False, True, True, True, False]

@@ -31,6 +31,19 @@ async def test_a_service_waits_for_nats_to_come_up() -> None:
         server.stop()
 
 
+async def test_a_list_of_urls_connects_to_a_live_one() -> None:
+    """A cluster's nodes as one comma-separated --nats-url: a dead first node is skipped."""
+    dead = free_port()
+    with EmbeddedNats() as server:
+        bus = await Bus.connect(f"nats://127.0.0.1:{dead}, {server.url}", "cluster-client",
+                                retry_for_s=30)
+        try:
+            assert bus.client.connected_url is not None
+            assert bus.client.connected_url.port == server.port
+        finally:
+            await bus.close()
+
+
 async def test_without_a_server_connecting_fails_at_its_deadline_with_the_address() -> None:
     port = free_port()
     with pytest.raises(BusError) as refused:
@@ -38,6 +51,10 @@ async def test_without_a_server_connecting_fails_at_its_deadline_with_the_addres
     message = str(refused.value)
     assert f"127.0.0.1:{port}" in message and "within 1 s" in message
     assert "secret" not in message   # credentials stay out of errors and logs
+    with pytest.raises(BusError) as refused:
+        await Bus.connect(f"nats://a:b@127.0.0.1:{port},nats://c:secret@127.0.0.1:{port + 1}",
+                          "lonely", retry_for_s=1.0)
+    assert "secret" not in str(refused.value) and f"127.0.0.1:{port + 1}" in str(refused.value)
 
 
 def test_a_service_that_cannot_reach_nats_exits_with_the_reason(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ from llm_mesh.embedded import free_port, wait_for_port
 from services.common.bus import Bus, BusError
 from services.common.health import HealthServer
 from tests.compose.compose_nats import SERVICES, ComposeNats
-from tests.compose.model import COMPOSE_DIR, MAIN, ROOT, TLS, load, mesh_services
+from tests.compose.model import COMPOSE_DIR, MAIN, TLS, load, mesh_services
 
 
 @pytest.fixture
@@ -131,16 +131,6 @@ async def test_each_nats_role_is_refused_what_is_not_its_own(
     assert await refusals(compose_nats, "scheduler", listen_to_submits) == []
     assert await refusals(compose_nats, "worker", publish_step_output) == []
     assert compose_nats.permission_violations()   # the server logged what it refused
-
-
-@pytest.fixture
-def dev_certs(tmp_path: Path) -> Path:
-    """What scripts/make_dev_certs.sh writes, as a user of the TLS overlay runs it."""
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed: scripts/make_dev_certs.sh needs it")
-    subprocess.run(["bash", str(ROOT / "scripts" / "make_dev_certs.sh"), str(tmp_path / "tls")],
-                   check=True, capture_output=True, timeout=60)
-    return tmp_path / "tls"
 
 
 async def test_the_tls_overlay_serves_its_services_with_the_dev_certificates(

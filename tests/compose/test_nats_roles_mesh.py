@@ -1,6 +1,7 @@
 """The whole mesh under compose's NATS users: every service logs in as its own role and
-serves — a streamed chat, an admin call to the engines, a batch over HTTP, prefix blocks
-saved to the kvstore with their KV events — without the server refusing one publish or
+serves — a streamed chat, an admin call to the engines, a batch over HTTP, a stored and a
+background response resumed by id, prefix blocks saved to the kvstore with their KV events —
+without the server refusing one publish or
 subscribe. (What each role is refused: tests/compose/test_compose_servers.py.)"""
 
 from __future__ import annotations
@@ -63,6 +64,14 @@ def test_every_role_serves_its_part_and_nothing_is_refused(role_mesh: Mesh,
         batch = wait_for(client, batch.id, finished, timeout_s=120)
         assert batch.status == "completed" and batch.request_counts.completed == 1
         assert client.files.content(batch.output_file_id).text.count("\n") == 1
+
+        stored = client.responses.create(model=model, input="Hi", max_output_tokens=4,
+                                          temperature=0)
+        assert client.responses.retrieve(stored.id).output_text == stored.output_text
+        background = client.responses.create(model=model, input="Hi", max_output_tokens=4,
+                                              temperature=0, background=True)
+        events = list(client.responses.retrieve(background.id, stream=True, starting_after=-1))
+        assert events[-1].type in ("response.completed", "response.incomplete")
 
     async def kv_events_stored() -> int:
         connection = await nats.connect(compose_nats.url_for("kvstore"),

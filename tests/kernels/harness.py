@@ -27,6 +27,16 @@ DEVICE = os.environ.get("KERNEL_TEST_DEVICE") or ("cuda" if torch.cuda.is_availa
 SUBPROCESS_TIMEOUT_S = 300
 
 
+def json_cases_in_interpreter(module: str) -> dict[str, dict]:
+    """Runs `python -m <module>` under TRITON_INTERPRET=1, which prints one JSON line per
+    case ({"case": name, ...}), and returns the lines by case name."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, "-m", module], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=2 * SUBPROCESS_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {r["case"]: r for r in map(json.loads, proc.stdout.splitlines())}
+
+
 def run_in_interpreter(names: list[str]) -> dict[str, str | None]:
     """{case: None if it passed, else the error text}, from interpreter subprocesses.
 

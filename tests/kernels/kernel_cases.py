@@ -96,6 +96,7 @@ CACHE_CASES = {
 def check_decode(
     device: str, seq_lens: list[int], num_q_heads: int, num_kv_heads: int, head_dim: int,
     dtype: str, num_kv_splits: int | None, block_size: int = 16, fp8: bool = False,
+    sliding_window: int | None = None, logits_soft_cap: float | None = None,
 ) -> None:
     from kernels import paged_decode_attention
 
@@ -105,7 +106,8 @@ def check_decode(
     )
     args = (batch.query, batch.key_cache, batch.value_cache, batch.block_tables,
             batch.seq_lens, batch.scale)
-    scales = dict(k_scale=batch.k_scale, v_scale=batch.v_scale)
+    scales = dict(k_scale=batch.k_scale, v_scale=batch.v_scale, sliding_window=sliding_window,
+                  logits_soft_cap=logits_soft_cap)
     # A NaN-filled out buffer: any row the kernel fails to write fails the comparison.
     out = paged_decode_attention(
         *args, num_kv_splits=num_kv_splits, out=torch.full_like(batch.query, float("nan")),
@@ -150,6 +152,14 @@ DECODE_CASES = {
     "decode_fp8_cache_split2": _decode(
         seq_lens=[20, 65], num_q_heads=6, num_kv_heads=2, head_dim=64,
         dtype="float16", num_kv_splits=2, fp8=True),
+    # Windows shorter than most contexts; splits of the window only, some keys of the last
+    # block outside it; a soft-cap small enough to bend random scores.
+    "decode_window_fp32_split3_softcap": _decode(
+        seq_lens=[1, 9, 40, 100], num_q_heads=4, num_kv_heads=2, head_dim=64,
+        dtype="float32", num_kv_splits=3, sliding_window=12, logits_soft_cap=2.0),
+    "decode_window_bf16_block8": _decode(
+        seq_lens=[5, 33, 70], num_q_heads=8, num_kv_heads=2, head_dim=64,
+        dtype="bfloat16", num_kv_splits=1, block_size=8, sliding_window=16),
     "decode_cuda_long_context_auto_splits": _decode(
         seq_lens=[4097, 1000, 1, 2500], num_q_heads=32, num_kv_heads=8, head_dim=128,
         dtype="bfloat16", num_kv_splits=None, cuda_only=True),
@@ -165,7 +175,8 @@ DECODE_CASES = {
 def check_prefill(
     device: str, seq_lens: list[int], q_lens: list[int], num_q_heads: int, num_kv_heads: int,
     head_dim: int, dtype: str, block_size: int = 16, fp8: bool = False,
-    query_from_qkv: bool = False,
+    query_from_qkv: bool = False, sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
 ) -> None:
     from kernels import paged_prefill_attention
 
@@ -175,7 +186,8 @@ def check_prefill(
     )
     args = (batch.query, batch.key_cache, batch.value_cache, batch.block_tables,
             batch.query_start_loc, batch.seq_lens, batch.scale, batch.max_query_len)
-    scales = dict(k_scale=batch.k_scale, v_scale=batch.v_scale)
+    scales = dict(k_scale=batch.k_scale, v_scale=batch.v_scale, sliding_window=sliding_window,
+                  logits_soft_cap=logits_soft_cap)
     out = paged_prefill_attention(
         *args, out=torch.full_like(batch.query, float("nan")), **scales
     )
@@ -226,6 +238,14 @@ PREFILL_CASES = {
         seq_lens=[30, 18], q_lens=[14, 18], num_q_heads=4, num_kv_heads=2, head_dim=64,
         dtype="bfloat16", fp8=True),
     "prefill_write_then_attend_fp16": Case(check_write_then_prefill),
+    # Fresh prompts and chunks after a context longer than the window, windows shorter and
+    # longer than the kernel's key tile, a soft-capped case.
+    "prefill_window8_fp32_chunks_softcap": _prefill(
+        seq_lens=[30, 90, 7], q_lens=[30, 20, 7], num_q_heads=4, num_kv_heads=2, head_dim=64,
+        dtype="float32", sliding_window=8, logits_soft_cap=3.0),
+    "prefill_window80_fp16_gqa4_block8": _prefill(
+        seq_lens=[150, 40, 1], q_lens=[100, 1, 1], num_q_heads=8, num_kv_heads=2,
+        head_dim=64, dtype="float16", block_size=8, sliding_window=80),
     "prefill_cuda_long_prompts_mixed": _prefill(
         seq_lens=[1500, 2048, 700, 64, 3000], q_lens=[1500, 512, 1, 64, 1],
         num_q_heads=32, num_kv_heads=8, head_dim=128, dtype="bfloat16", cuda_only=True),

@@ -61,3 +61,29 @@ def test_reshape_and_cache_skips_negative_slots_and_quantizes() -> None:
     assert key_cache[1, 1, 0].float().tolist() == [448.0, -1.0]  # 1000 / 2 saturates
     assert value_cache[1, 1, 0].float().tolist() == [-448.0, 2.0]
     assert key_cache.float().count_nonzero() == 2  # the skipped token wrote nothing
+
+
+def test_sliding_window_and_soft_cap_match_dense_attention() -> None:
+    seq_lens, q_lens, window, cap = [37, 12, 30], [9, 12, 1], 8, 2.0
+    batch = make_paged_batch(seq_lens, q_lens, 4, 2, 16, "float32", "cpu")
+    out = ref_paged_prefill_attention(
+        batch.query, batch.key_cache, batch.value_cache, batch.block_tables,
+        batch.query_start_loc, batch.seq_lens, batch.scale, sliding_window=window,
+        logits_soft_cap=cap,
+    )
+    plain = ref_paged_prefill_attention(
+        batch.query, batch.key_cache, batch.value_cache, batch.block_tables,
+        batch.query_start_loc, batch.seq_lens, batch.scale,
+    )
+    assert not torch.allclose(out, plain)  # the window and the cap both matter here
+    for seq, (seq_len, q_len) in enumerate(zip(seq_lens, q_lens)):
+        k, v = _dense_kv(batch, seq, seq_len)
+        start = int(batch.query_start_loc[seq])
+        q = batch.query[start:start + q_len].transpose(0, 1)
+        k, v = k.repeat_interleave(2, 0), v.repeat_interleave(2, 0)
+        scores = torch.tanh(q @ k.transpose(1, 2) * batch.scale / cap) * cap
+        q_pos = torch.arange(seq_len - q_len, seq_len)[:, None]
+        k_pos = torch.arange(seq_len)[None, :]
+        visible = (k_pos <= q_pos) & (k_pos > q_pos - window)  # HF: the last `window` keys
+        want = scores.masked_fill(~visible, float("-inf")).softmax(-1) @ v
+        torch.testing.assert_close(out[start:start + q_len], want.transpose(0, 1))

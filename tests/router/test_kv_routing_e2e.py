@@ -12,6 +12,7 @@ from pathlib import Path
 
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from llm_mesh.embedded import free_port
 from tests.faults.streams import poll
@@ -97,13 +98,30 @@ def turn(client: openai.OpenAI, messages: list[dict[str, str]],
             usage.prompt_tokens_details.cached_tokens or 0)
 
 
+def router_caught_up(mesh: Mesh) -> None:
+    """Until the gateway's router has applied every KV event batch each scheduler has
+    published: it then knows what each engine holds."""
+    def total(text: str, name: str) -> float:
+        return sum(sample.value for family in text_string_to_metric_families(text)
+                   for sample in family.samples if sample.name == name)
+
+    def caught_up() -> bool:
+        published = sum(total(mesh.services[s].get("/metrics")[1].decode(),
+                              "llm_mesh:kv_event_batches") for s in SCHEDULERS)
+        applied = total(http_get(f"{mesh.base_url}/metrics")[1].decode(),
+                        "llm_mesh:router_kv_event_batches_applied")
+        return applied >= published
+    poll(caught_up, 30, "the router to apply every KV event batch")
+
+
 def next_turns(client: openai.OpenAI, histories: list[list[dict[str, str]]],
-               question: str) -> list[tuple[int, int]]:
-    """Adds one user turn to every conversation, one after another: (prompt, cached) tokens
-    of each."""
+               question: str, mesh: Mesh) -> list[tuple[int, int]]:
+    """Adds one user turn to every conversation, one after another, each once the router
+    knows where the last one left its blocks: (prompt, cached) tokens of each."""
     figures = []
     for history in histories:
         history.append({"role": "user", "content": question})
+        router_caught_up(mesh)
         answer, prompt_tokens, cached = turn(client, history)
         history.append({"role": "assistant", "content": answer})
         figures.append((prompt_tokens, cached))
@@ -133,7 +151,7 @@ def test_later_turns_land_where_their_history_is_even_after_a_gateway_restart(
     assert all(served_since(mesh, before, len(TOPICS))), "one engine took every conversation"
     previous = [(prompt_tokens, cached) for _, prompt_tokens, cached in answers]
     for question in ("Go on.", "And then?"):
-        figures = next_turns(client, histories, question)
+        figures = next_turns(client, histories, question, mesh)
         assert_history_found(previous, figures)
         previous = figures
 
@@ -141,7 +159,7 @@ def test_later_turns_land_where_their_history_is_even_after_a_gateway_restart(
     mesh.restart("gateway")
     poll(lambda: http_get(f"{mesh.base_url}/health")[0] == 200, 120, "the gateway to serve")
     mesh.wait_gateway_sees_engines()
-    figures = next_turns(client_for(mesh.base_url), histories, "Sum it up.")
+    figures = next_turns(client_for(mesh.base_url), histories, "Sum it up.", mesh)
     assert_history_found(previous, figures)
     assert metric_at(mesh.base_url, "llm_mesh:router_decisions_total",
                      reason="kv_overlap") == len(TOPICS)

@@ -64,19 +64,7 @@ class FakeWorker:
                                            for _ in range(self.num_blocks)]
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
-        for handle in out.finished_handles:
-            self.rows.pop(handle, None)
-        for new in out.new_requests:
-            assert new.handle not in self.rows, f"handle {new.handle} already has a row"
-            assert 0 not in new.block_ids, "the null block was handed out"
-            self.rows[new.handle] = _Row(list(new.token_ids), list(new.block_ids),
-                                         new.num_computed_tokens)
-        cached = out.cached
-        for i, handle in enumerate(cached.handles):
-            row = self.rows[handle]
-            assert row.num_computed_tokens == cached.num_computed_tokens[i]
-            assert 0 not in cached.new_block_ids[i]
-            row.block_ids.extend(cached.new_block_ids[i])
+        self.apply_diffs(out)
         scheduled = list(zip(out.scheduled_handles, out.num_scheduled_tokens))
         # Write every scheduled token's KV first, then attend (as each layer does).
         for handle, num_tokens in scheduled:
@@ -97,14 +85,35 @@ class FakeWorker:
                 row.num_computed_tokens -= 1
                 deferred.add(handle)
                 continue
-            context = [self.kv[row.block_ids[p // self.block_size]][p % self.block_size]
-                       for p in range(row.num_computed_tokens)]
+            context = self.context(handle, row.num_computed_tokens)
             assert context == row.token_ids, f"KV of handle {handle} does not match its tokens"
             token = self.model(context)
             row.token_ids.append(token)
             handles.append(handle)
             sampled.append(token)
         return RunnerOutput(handles, sampled, deferred=deferred)
+
+    def apply_diffs(self, out: SchedulerOutput) -> None:
+        """Finished rows dropped, new rows added, cached rows' block tables grown."""
+        for handle in out.finished_handles:
+            self.rows.pop(handle, None)
+        for new in out.new_requests:
+            assert new.handle not in self.rows, f"handle {new.handle} already has a row"
+            assert 0 not in new.block_ids, "the null block was handed out"
+            self.rows[new.handle] = _Row(list(new.token_ids), list(new.block_ids),
+                                         new.num_computed_tokens)
+        cached = out.cached
+        for i, handle in enumerate(cached.handles):
+            row = self.rows[handle]
+            assert row.num_computed_tokens == cached.num_computed_tokens[i]
+            assert 0 not in cached.new_block_ids[i]
+            row.block_ids.extend(cached.new_block_ids[i])
+
+    def context(self, handle: int, num_tokens: int) -> list[int]:
+        """The first `num_tokens` tokens of a row, read back from the KV cache."""
+        row = self.rows[handle]
+        return [self.kv[row.block_ids[p // self.block_size]][p % self.block_size]
+                for p in range(num_tokens)]
 
 
 @dataclass

@@ -3,8 +3,9 @@
 It does what the real scheduler does, minimally: a token budget per step (a prompt longer than
 what is left is chunked), decodes first, blocks handed out as requests grow (new blocks reach the
 worker as cached_new_block_ids), requests finished after EOS or max_new_tokens, an optional
-shared prefix whose full blocks a new request reuses (prefix caching), and a deferred request's
-last position scheduled again (its grammar was still compiling).
+shared prefix whose full blocks a new request reuses (prefix caching), a deferred request's
+last position scheduled again (its grammar was still compiling), and a decode's drafts
+(speculative decoding) scheduled with it, its computed tokens rolled back past the rejected.
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ class DriverRequest:
     logprobs: list[tuple[int, float, list[int], list[float]]] = field(default_factory=list)
     prompt_logprobs: list[tuple[int, float]] = field(default_factory=list)
     prompt_logprobs_done: bool = False
+    num_drafts: int = 0               # drafts the worker holds for the next step
+    num_verified: int = 0             # drafts verified so far
+    num_accepted: int = 0
+    lora: wire.LoraRequest | None = None   # the adapter it runs with; None: the base model
+    mm_items: list[wire.MultiModalItem] = field(default_factory=list)   # its images
 
     @property
     def output_ids(self) -> list[int]:
@@ -57,12 +63,15 @@ class StepDriver:
 
     def add(self, prompt_ids: list[int], max_new_tokens: int = 32,
             sampling: wire.SamplingParams | None = None, stop_at_eos: bool = True,
-            prefix_of: int | None = None, num_prefix_blocks: int = 0) -> int:
+            prefix_of: int | None = None, num_prefix_blocks: int = 0,
+            lora: wire.LoraRequest | None = None,
+            mm_items: list[wire.MultiModalItem] | None = None) -> int:
         """Queues a request; with prefix_of, its first blocks are that request's (cached)."""
         handle = len(self.requests) + 1000
         req = DriverRequest(handle, list(prompt_ids), len(prompt_ids), max_new_tokens,
                             sampling or wire.SamplingParams(), stop_at_eos,
-                            tuple(self.runner.info.eos_token_ids))
+                            tuple(self.runner.info.eos_token_ids), lora=lora,
+                            mm_items=list(mm_items or []))
         if prefix_of is not None:
             req.blocks = self.requests[prefix_of].blocks[:num_prefix_blocks]
             req.num_computed = num_prefix_blocks * self.block_size
@@ -85,6 +94,9 @@ class StepDriver:
         active.sort(key=lambda r: (len(r.token_ids) - r.num_computed > 1, not r.sent))
         for req in active:
             num = min(len(req.token_ids) - req.num_computed, budget)
+            if num == 1 and req.sent:
+                room = req.max_new_tokens - len(req.output_ids) - 1
+                num += max(0, min(req.num_drafts, budget - 1, room))
             if num <= 0:
                 continue
             budget -= num
@@ -94,7 +106,7 @@ class StepDriver:
                     handle=req.handle, request_id=str(req.handle),
                     token_ids=pack_int32(req.token_ids), num_prompt_tokens=req.num_prompt_tokens,
                     block_ids=pack_int32(req.blocks), num_computed_tokens=req.num_computed,
-                    sampling=req.sampling))
+                    sampling=req.sampling, lora=req.lora, mm_items=req.mm_items))
                 new_sched.append(num)
                 req.sent = True
             else:
@@ -115,9 +127,17 @@ class StepDriver:
         out = self.runner.execute(step)
         assert not out.error, out.error
         scheduled = [self.requests[n.handle] for n in new] + cached
+        num_known = {req.handle: len(req.token_ids) for req in scheduled}
         for req, num in zip(scheduled, new_sched + cached_sched):
             req.num_computed += num
         self._collect(out)
+        for req in scheduled:
+            num_drafts = req.num_computed - num_known[req.handle]
+            if num_drafts > 0:   # verified drafts: keep the computed tokens accepted
+                num_sampled = len(req.token_ids) - num_known[req.handle]
+                req.num_verified += num_drafts
+                req.num_accepted += num_sampled - 1
+                req.num_computed -= num_drafts + 1 - num_sampled
         return out
 
     def _grow_blocks(self, req: DriverRequest, num_tokens: int) -> None:
@@ -125,11 +145,17 @@ class StepDriver:
             req.blocks.append(self.free_blocks.pop())
 
     def _collect(self, out: wire.StepOutput) -> None:
+        handles = unpack_int32(out.handles).tolist()
+        drafts = dict(zip(unpack_int32(out.draft_handles).tolist(),
+                          unpack_int32(out.num_draft_tokens).tolist()))
+        for handle in handles:
+            self.requests[handle].num_drafts = drafts.get(handle, 0)
         for handle in unpack_int32(out.deferred_handles).tolist():
             self.requests[handle].num_computed -= 1   # its grammar compiles: sample again
-        for handle, token in zip(unpack_int32(out.handles).tolist(),
-                                 unpack_int32(out.sampled_token_ids).tolist()):
+        for handle, token in zip(handles, unpack_int32(out.sampled_token_ids).tolist()):
             req = self.requests[handle]
+            if req.done:
+                continue   # tokens sampled past the request's end (verified drafts)
             req.token_ids.append(token)
             if req.done:
                 self.finished.append(handle)

@@ -24,6 +24,7 @@ from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
 from services.common.batch_jobs.records import BatchJob, BatchRecord, FileRecord
+from services.common.jetstream import ensure_key_value
 from services.common.subjects import BATCH_RUNNER_CONSUMER, Subjects
 
 RESULTS_TTL_S = 7 * 24 * 3600  # results only matter until their job is finalized
@@ -43,19 +44,24 @@ class BatchStore:
         self._results_snapshot = _KeyValueSnapshot(js, subjects.batch_results_bucket)
 
     @classmethod
-    async def open(cls, js: JetStreamContext, subjects: Subjects) -> BatchStore:
+    async def open(cls, js: JetStreamContext, subjects: Subjects,
+                   replicas: int = 1) -> BatchStore:
+        """The store, creating what is missing on `replicas` nodes (--jetstream-replicas)."""
         try:
             await js.stream_info(subjects.batch_jobs_stream)
         except js_errors.NotFoundError:
             await js.add_stream(api.StreamConfig(
                 name=subjects.batch_jobs_stream, subjects=[subjects.batch_jobs],
-                retention=api.RetentionPolicy.WORK_QUEUE, duplicate_window=DUPLICATE_WINDOW_S))
+                retention=api.RetentionPolicy.WORK_QUEUE, duplicate_window=DUPLICATE_WINDOW_S,
+                num_replicas=replicas))
         try:
             files = await js.object_store(subjects.batch_files_bucket)
         except js_errors.BucketNotFoundError:
-            files = await js.create_object_store(subjects.batch_files_bucket)
-        records = await _key_value(js, subjects.batch_records_bucket, ttl_s=None)
-        results = await _key_value(js, subjects.batch_results_bucket, ttl_s=RESULTS_TTL_S)
+            files = await js.create_object_store(subjects.batch_files_bucket,
+                                                 replicas=replicas)
+        records = await ensure_key_value(js, subjects.batch_records_bucket, None, replicas)
+        results = await ensure_key_value(js, subjects.batch_results_bucket, RESULTS_TTL_S,
+                                         replicas)
         return cls(js, subjects, files, records, results)
 
     # ---- files
@@ -163,13 +169,6 @@ class BatchStore:
         prefix = f"{batch_id}."
         return {key[len(prefix):]: value
                 for key, value in (await self._results_snapshot.values(f"{batch_id}.>")).items()}
-
-
-async def _key_value(js: JetStreamContext, bucket: str, ttl_s: float | None) -> KeyValue:
-    try:
-        return await js.key_value(bucket)
-    except js_errors.BucketNotFoundError:
-        return await js.create_key_value(bucket=bucket, history=1, ttl=ttl_s)
 
 
 class _KeyValueSnapshot:

@@ -136,6 +136,13 @@ def tenant_of(request: Request) -> Tenant | None:
     return getattr(request.state, "tenant", None)
 
 
+def owner_of(request: Request) -> str:
+    """The caller's key id ("" without API keys): the owner of what it stores (files,
+    batches, responses), and the only owner whose things it sees."""
+    tenant = tenant_of(request)
+    return tenant.key_id if tenant is not None else ""
+
+
 def key_id(key: str) -> str:
     return "key-" + hashlib.sha256(key.encode()).hexdigest()[:12]
 

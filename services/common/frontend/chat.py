@@ -50,8 +50,13 @@ def chat_prompt(body: ChatCompletionRequest) -> PromptInput:
 def _wire_message(message: ChatMessage) -> wire.ChatMessage:
     calls = json.dumps([c.model_dump(exclude_none=True) for c in message.tool_calls]) \
         if message.tool_calls else ""
-    return wire.ChatMessage(role=message.role, content=message.text(), name=message.name or "",
-                            tool_calls_json=calls, tool_call_id=message.tool_call_id or "")
+    wired = wire.ChatMessage(role=message.role, name=message.name or "",
+                             tool_calls_json=calls, tool_call_id=message.tool_call_id or "")
+    if message.has_images():   # the tokenizer fetches the images and renders the parts
+        wired.content_parts_json = json.dumps(message.parts())
+    else:
+        wired.content = message.text()
+    return wired
 
 
 @dataclass

@@ -64,4 +64,5 @@ def as_prefill(request: wire.GenerateRequest, prefill_id: str) -> wire.GenerateR
         request_id=prefill_id, prompt_token_ids=request.prompt_token_ids,
         sampling=wire.SamplingParams(max_tokens=1, top_p=1.0), priority=request.priority,
         cache_salt=request.cache_salt, tokenizer_id=request.tokenizer_id,
-        arrival_time=request.arrival_time, do_remote_decode=True)
+        arrival_time=request.arrival_time, do_remote_decode=True, lora=request.lora,
+        mm_items=request.mm_items)

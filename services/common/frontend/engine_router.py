@@ -29,12 +29,14 @@ from enum import Enum
 
 import numpy as np
 
-from services.common.block_hash import BlockHasher
+from services.common.block_hash import BlockHasher, MultiModalSpan
 from services.common.frontend.mesh_view import EngineView, least_loaded
 from services.common.metrics import RouterMetrics
 from services.common.router import ApproximateIndex, EngineLoad, PrefixIndex, RoutingCost
 
 MAX_SESSIONS = 100_000
+# What a prompt's block hashes mix in beside its tokens: cache salt, LoRA id, image spans.
+PrefixKey = tuple[str, int, tuple[MultiModalSpan, ...]]
 
 
 class RouterMode(str, Enum):
@@ -107,9 +109,11 @@ class EngineRouter:
         self._metrics = metrics
 
     def route(self, engines: Sequence[EngineView], token_ids: np.ndarray, cache_salt: str = "",
-              session_id: str = "") -> Route:
-        """Picks one of `engines` (non-empty: the ready candidates) for a prompt."""
-        route = self._choose(engines, token_ids, cache_salt, session_id)
+              session_id: str = "", lora_id: int = 0,
+              mm_spans: tuple[MultiModalSpan, ...] = ()) -> Route:
+        """Picks one of `engines` (non-empty: the ready candidates) for a prompt; the
+        prompt's blocks are hashed as the engines hash them (salt and LoRA adapter)."""
+        route = self._choose(engines, token_ids, (cache_salt, lora_id, mm_spans), session_id)
         if session_id and self.mode is RouterMode.KV:
             self.sessions.bind(session_id, route.engine.engine_id)
         engine_id = route.engine.engine_id
@@ -155,19 +159,19 @@ class EngineRouter:
         if self._metrics is not None:
             self._metrics.actual_cached_tokens.inc(num_cached_tokens)
 
-    def _choose(self, engines: Sequence[EngineView], token_ids: np.ndarray, cache_salt: str,
-                session_id: str) -> Route:
+    def _choose(self, engines: Sequence[EngineView], token_ids: np.ndarray,
+                prefix_key: PrefixKey, session_id: str) -> Route:
         if session_id and self.mode is RouterMode.KV:
             engine_id = self.sessions.get(session_id)
             held = next((e for e in engines if e.engine_id == engine_id), None)
             if held is not None:
                 if held.kv_cache_usage < self._busy_threshold:
-                    return self._kv_route(engines, token_ids, cache_salt, only=held,
+                    return self._kv_route(engines, token_ids, prefix_key, only=held,
                                           reason="session")
                 if self._metrics is not None:
                     self._metrics.session_spills.inc()
                 others = [e for e in engines if e is not held] or engines
-                route = self._choose(others, token_ids, cache_salt, "")
+                route = self._choose(others, token_ids, prefix_key, "")
                 route.reason = "session_spill"
                 return route
         if self.mode is RouterMode.ROUND_ROBIN:
@@ -175,12 +179,13 @@ class EngineRouter:
             return Route(ordered[next(self._turn) % len(ordered)], "round_robin")
         if self.mode is RouterMode.LEAST_LOADED:
             return Route(least_loaded(engines), "least_loaded")
-        return self._kv_route(engines, token_ids, cache_salt)
+        return self._kv_route(engines, token_ids, prefix_key)
 
-    def _kv_route(self, engines: Sequence[EngineView], token_ids: np.ndarray, cache_salt: str,
-                  only: EngineView | None = None, reason: str = "") -> Route:
+    def _kv_route(self, engines: Sequence[EngineView], token_ids: np.ndarray,
+                  prefix_key: PrefixKey, only: EngineView | None = None,
+                  reason: str = "") -> Route:
         block_size = engines[0].block_size
-        hashes = self._hasher(block_size).hash_blocks(token_ids, cache_salt)
+        hashes = self._hasher(block_size).hash_blocks(token_ids, *prefix_key)
         overlaps = self._overlaps(engines, hashes)
         num_prompt_blocks = math.ceil(len(token_ids) / block_size)
         if only is not None:

@@ -23,15 +23,18 @@ from services.common.frontend.errors import (
     invalid,
     unavailable,
 )
+from services.common.frontend.lora_registry import LoraRegistry
 from services.common.frontend.mesh_client import Generation, MeshClient, TextDelta
 from services.common.frontend.mesh_view import EngineView, MeshView, least_loaded
 from services.common.frontend.request_stats import RequestTimer
 from services.common.frontend.structured_outputs import GrammarRequest
+from services.common.mm_inputs import mm_spans
 from services.common.packing import unpack_int32
 
 log = structlog.get_logger(__name__)
 
 DEADLINE_GRACE_S = 2.0
+ENGINE_WAIT_POLL_S = 0.1   # how often a request waiting for a ready engine looks again
 
 
 @dataclass
@@ -56,6 +59,7 @@ class EncodedPrompt:
     request_ids: list[str]
     detokenize: wire.DetokenizeParams | None = None
     grammar: wire.GrammarSpec | None = None     # as the engine enforces it (the tokenizer's)
+    mm_items: list[wire.MultiModalItem] = field(default_factory=list)   # its images
 
 
 @dataclass
@@ -87,6 +91,9 @@ class GenerationRun:
     request_timeout_s: float
     timer: RequestTimer
     router: EngineRouter | None = None
+    engine_wait_s: float = 0.0                    # how long to wait for a ready engine
+    loras: LoraRegistry | None = None             # adapters served by model name
+    lora: wire.LoraRequest | None = None          # the request's adapter (None: the base)
     engine: EngineView | None = None
     route: Route | None = None                    # the router's decision, until prefill ends
     prefill_engine: EngineView | None = None      # P/D: a producer prefills each prompt first
@@ -111,7 +118,8 @@ class GenerationRun:
         if tenant is not None:
             plan.cache_salt = tenant.cache_salt(plan.cache_salt)
             self.timer.key_id = tenant.key_id
-        self._candidates(plan.model)   # 404 / 503 before any tokenizer work
+        plan.model = await self._resolve_adapter(plan.model)
+        await self._wait_for_an_engine(plan.model)   # 404 / 503 before any tokenizer work
         self.prefill_engine = self.view.pick_prefill_engine(plan.model)
         started = time.perf_counter()
         encoded = await asyncio.gather(*(self._encode(plan, p, i)
@@ -137,6 +145,17 @@ class GenerationRun:
         finally:
             self.view.track(self.engine.engine_id, -reserved)
 
+    def adopt(self, generation: Generation) -> None:
+        """Takes over a generation another gateway started (its request and streamed tokens
+        rebuilt from what that gateway stored); a move then places it (migration.py)."""
+        assert generation.request is not None
+        generation.queue = self._queue
+        self.generations = [generation]
+        prompt = generation.request.prompt_token_ids
+        self.prompts = [EncodedPrompt(prompt, len(prompt) // 4, generation.tokenizer_id,
+                                      [generation.request_id])]
+        self._num_tokens[0] = len(generation.output_token_ids)
+
     def _route(self, plan: GenerationPlan) -> EngineView:
         """The engine for every choice (they share their prompts' blocks): by the router
         from the first prompt's tokens, the least loaded without one."""
@@ -145,7 +164,9 @@ class GenerationRun:
             engine = least_loaded(engines)
         else:
             self.route = self.router.route(engines, unpack_int32(self.prompts[0].token_ids),
-                                           plan.cache_salt, plan.session_id)
+                                           plan.cache_salt, plan.session_id,
+                                           self.lora.lora_id if self.lora else 0,
+                                           mm_spans(self.prompts[0].mm_items))
             engine = self.route.engine
         for prompt in self.prompts:
             if prompt.detokenize is not None:
@@ -191,7 +212,8 @@ class GenerationRun:
                 if exc.status != 503:
                     raise
                 tried.add(engine.engine_id)
-                others = [e for e in self.view.ready_engines(model) if e.engine_id not in tried]
+                others = [e for e in self._with_lora(self.view.ready_engines(model))
+                          if e.engine_id not in tried]
                 if not others:
                     raise
                 log.info("engine refused a request; submitting to another",
@@ -199,8 +221,44 @@ class GenerationRun:
                          code=exc.code, error=exc.message)
                 engine = least_loaded(others)
 
-    def _candidates(self, model: str) -> list[EngineView]:
-        engines = self.view.candidate_engines(model)
+    def _with_lora(self, engines: list[EngineView]) -> list[EngineView]:
+        """For an adapter's request: the engines serving LoRA, those holding the adapter
+        first while one of them can start it at once; 400 when none serves LoRA."""
+        if self.lora is None or not engines:
+            return engines
+        capable = [e for e in engines if e.max_loras]
+        if not capable:
+            raise invalid(f"the engines of model {engines[0].model} serve no LoRA adapters "
+                          f"(start them with --enable-lora)", param="model")
+        holding = [e for e in capable if self.lora.lora_id in e.lora_ids]
+        return holding if any(e.can_start_another for e in holding) else capable
+
+    async def _wait_for_an_engine(self, model: str | None) -> None:
+        """Returns once an engine can take the request; 404 at once for a model no engine
+        serves, 503 after `engine_wait_s` while none is ready (a restart or a late heartbeat
+        then costs the client a wait, not an error)."""
+        deadline = time.monotonic() + self.engine_wait_s
+        while True:
+            try:
+                self._candidates(model)
+                return
+            except ApiError as exc:
+                if exc.code != "engine_unavailable" or time.monotonic() >= deadline:
+                    raise
+            await asyncio.sleep(ENGINE_WAIT_POLL_S)
+
+    async def _resolve_adapter(self, model: str) -> str:
+        """The base model of a request naming a LoRA adapter (then self.lora), else
+        `model`. An adapter without a base_model_name runs on the one model served."""
+        if self.loras is None or model not in self.loras:
+            return model
+        if not self.view.models():
+            await self._wait_for_an_engine(None)
+        base, self.lora = self.loras.resolve(model, list(self.view.models()))
+        return base
+
+    def _candidates(self, model: str | None) -> list[EngineView]:
+        engines = self._with_lora(self.view.candidate_engines(model))
         if engines:
             return engines
         if self.view.models():
@@ -237,7 +295,7 @@ class GenerationRun:
             grammar = (reply.grammar if reply.grammar.kind != wire.GrammarKind.NONE
                        else plan.grammar.spec)
         return EncodedPrompt(reply.token_ids, len(reply.token_ids) // 4, reply.tokenizer_id,
-                             child_ids, detokenize, grammar)
+                             child_ids, detokenize, grammar, list(reply.mm_items))
 
     def _prefill_ids(self, prompt_index: int) -> list[str]:
         """P/D: the prompt's prefill request, registered with the tokenizer beside its choices
@@ -268,7 +326,8 @@ class GenerationRun:
                     request_id=child_id, prompt_token_ids=prompt.token_ids,
                     sampling=sampling, priority=plan.priority,
                     cache_salt=plan.cache_salt, tokenizer_id=prompt.tokenizer_id,
-                    arrival_time=time.time(), deadline_s=self._deadline_left()))
+                    arrival_time=time.time(), deadline_s=self._deadline_left(),
+                    lora=self.lora, mm_items=prompt.mm_items))
         return requests
 
     def _deadline_left(self) -> float:

@@ -92,7 +92,7 @@ class MeshClient:
         reply = await self._call_tokenizer(self._subjects.tokenizer_encode, request,
                                            wire.EncodeReply)
         if reply.error:
-            raise ApiError(400, reply.error)
+            raise ApiError(400, reply.error, param=reply.error_param or None)
         return reply
 
     async def detokenize(self, token_ids: bytes) -> str:

@@ -9,6 +9,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from services.common import wire
+from services.common.packing import unpack_int32
 
 SERVICE_KINDS = ("tokenizer", "scheduler", "worker")
 
@@ -47,6 +48,8 @@ class EngineView:
     num_blocks: int = 0
     num_waiting_tokens: int = 0  # prompt tokens queued, not yet prefilled
     max_num_seqs: int = 0        # 0: not reported
+    max_loras: int = 0           # LoRA adapters a step may mix; 0: the engine serves none
+    lora_ids: frozenset[int] = frozenset()   # adapters its worker holds in memory
 
     @property
     def can_start_another(self) -> bool:
@@ -143,16 +146,21 @@ class MeshView:
                 in_flight_here=self.in_flight.get(inst.engine_id, 0), kv_role=info.kv_role,
                 is_stalled=self.is_stalled(inst), block_size=info.block_size or 16,
                 num_blocks=info.num_blocks, num_waiting_tokens=info.num_waiting_tokens,
-                max_num_seqs=info.max_num_seqs))
+                max_num_seqs=info.max_num_seqs, max_loras=info.max_loras,
+                lora_ids=(frozenset(unpack_int32(info.lora_ids).tolist()) if info.lora_ids
+                          else frozenset())))
         return engines
 
     def models(self) -> dict[str, int]:
         """Served model name -> its max_model_len, over ready engines."""
         return {e.model: e.max_model_len for e in self.ready_engines()}
 
-    def pick_engine(self, model: str, avoid: Collection[str] = ()) -> EngineView | None:
-        """The least-loaded of candidate_engines()."""
+    def pick_engine(self, model: str, avoid: Collection[str] = (),
+                    needs_lora: bool = False) -> EngineView | None:
+        """The least-loaded of candidate_engines() (serving LoRA, with needs_lora)."""
         engines = self.candidate_engines(model, avoid)
+        if needs_lora:
+            engines = [e for e in engines if e.max_loras]
         return least_loaded(engines) if engines else None
 
     def candidate_engines(self, model: str, avoid: Collection[str] = ()) -> list[EngineView]:

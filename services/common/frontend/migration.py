@@ -116,7 +116,8 @@ class Migrator:
     async def _place(self, generation: Generation, avoid: list[str]) -> None:
         first = generation.request
         assert first is not None and generation.detokenize is not None
-        engine = self._view.pick_engine(generation.model, avoid)
+        needs_lora = first.lora is not None and first.lora.lora_id > 0
+        engine = self._view.pick_engine(generation.model, avoid, needs_lora)
         if engine is None:
             raise unavailable("no engine is ready", code="engine_unavailable")
         streamed = generation.output_token_ids
@@ -142,7 +143,8 @@ class Migrator:
         continuation = wire.GenerateRequest(
             request_id=request_id, prompt_token_ids=first.prompt_token_ids + pack_int32(streamed),
             sampling=sampling, priority=first.priority, cache_salt=first.cache_salt,
-            tokenizer_id=encoded.tokenizer_id, arrival_time=first.arrival_time)
+            tokenizer_id=encoded.tokenizer_id, arrival_time=first.arrival_time,
+            lora=first.lora, mm_items=first.mm_items)
         if generation.deadline_at is not None:   # what is left of it, not a fresh one
             continuation.deadline_s = max(generation.deadline_at - time.monotonic(), 1e-3)
         try:

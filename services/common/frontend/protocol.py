@@ -133,10 +133,21 @@ class CompletionRequest(SamplingFields):
     add_special_tokens: bool = True
 
 
+class ImageUrlRef(BaseModel):
+    """An `image_url` part's object; the tokenizer fetches and checks it (its `param` in
+    errors names the part)."""
+    model_config = ConfigDict(extra="ignore")
+    url: str
+    detail: str | None = None
+
+
 class ContentPart(BaseModel):
+    """A chat message's content part: `text`, or `image_url` (a data:, http(s) or file://
+    URL, fetched by the tokenizer under its allow-lists)."""
     model_config = ConfigDict(extra="ignore")
     type: str
     text: str | None = None
+    image_url: ImageUrlRef | None = None
 
 
 class FunctionCall(BaseModel):
@@ -187,6 +198,7 @@ class ChatMessage(BaseModel):
     tool_call_id: str | None = None
 
     def text(self) -> str:
+        """The content as one string; ValueError for a part that is not text."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):
@@ -195,9 +207,31 @@ class ChatMessage(BaseModel):
         for part in self.content:
             if part.type != "text":
                 raise ValueError(f"content part type {part.type!r} is not supported; "
-                                 f"send text parts")
+                                 f"send text or image_url parts")
             texts.append(part.text or "")
         return "".join(texts)
+
+    def has_images(self) -> bool:
+        return isinstance(self.content, list) and any(
+            part.type == "image_url" for part in self.content)
+
+    def parts(self) -> list[dict[str, Any]]:
+        """The content list as OpenAI's JSON parts, in order (a message with images);
+        ValueError for a part that is neither text nor an image."""
+        assert isinstance(self.content, list)
+        parts: list[dict[str, Any]] = []
+        for part in self.content:
+            if part.type == "text":
+                parts.append({"type": "text", "text": part.text or ""})
+            elif part.type == "image_url" and part.image_url is not None:
+                parts.append({"type": "image_url",
+                              "image_url": part.image_url.model_dump(exclude_none=True)})
+            elif part.type == "image_url":
+                raise ValueError("an image_url part needs an image_url object with a url")
+            else:
+                raise ValueError(f"content part type {part.type!r} is not supported; "
+                                 f"send text or image_url parts")
+        return parts
 
 
 class ChatCompletionRequest(SamplingFields):

@@ -77,4 +77,6 @@ class RequestTimer:
                  decode_s=round(info.decode_time_s, 6),
                  detokenize_s=round(info.detokenize_time_s, 6), e2e_s=round(e2e, 6),
                  ttft_s=None if first is None else round(first - self.arrived, 6),
-                 moves=num_moves, error=info.error or None)
+                 moves=num_moves, error=info.error or None,
+                 spec_acceptance_rate=(round(info.num_accepted_tokens / info.num_draft_tokens,
+                                             4) if info.num_draft_tokens else None))

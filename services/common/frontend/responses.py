@@ -7,7 +7,7 @@ import asyncio
 import json
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from fastapi import Request
 
@@ -76,6 +76,13 @@ def usage(run: GenerationRun, choices: list[ChoiceState]) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": cached}}
 
 
+def list_page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    """One page of an OpenAI list (files, batches, input items): its cursor is an id."""
+    return {"object": "list", "data": data, "has_more": has_more,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None}
+
+
 def sse(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
@@ -84,7 +91,11 @@ SSE_DONE = b"data: [DONE]\n\n"
 SSE_KEEPALIVE = b": keep-alive\n\n"
 
 
-async def until_disconnect(request: Request, work: Awaitable[T], run: GenerationRun) -> T:
+class Closable(Protocol):
+    async def close(self) -> None: ...
+
+
+async def until_disconnect(request: Request, work: Awaitable[T], run: Closable) -> T:
     """Runs `work`; if the client disconnects first, aborts the run and raises."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.create_task(_wait_for_disconnect(request))

@@ -61,7 +61,8 @@ class FrontendRuntime:
     async def _follow_kv_events(self, bus: Bus, subjects: Subjects) -> None:
         """Replays the KV events stream's window, then follows it: a restarted router routes
         as before. Without JetStream the router predicts from its own decisions."""
-        events = KVEventSubscriber(bus, subjects, index=self.router.index)
+        events = KVEventSubscriber(bus, subjects, index=self.router.index,
+                                   replicas=self.settings.jetstream_replicas)
         try:
             await events.start()
         except Exception as exc:   # a NATS without JetStream, or one refusing the stream
@@ -94,6 +95,10 @@ class FrontendRuntime:
     def _forget_engine(self, scheduler: Instance) -> None:
         if self.events is not None:
             self.events.forget(scheduler.instance_id)
+            try:
+                self.metrics.router.applied_batches.remove(scheduler.instance_id)
+            except KeyError:
+                pass   # it never published
         self.router.approximate.remove_worker(scheduler.engine_id)
 
     def _export_event_state(self) -> None:
@@ -101,5 +106,7 @@ class FrontendRuntime:
             return
         router_metrics = self.metrics.router
         router_metrics.event_lag.set(self.events.lag_s)
+        for publisher, seq in self.events.last_seq.items():
+            router_metrics.applied_batches.labels(publisher).set(seq)
         router_metrics.resyncs.inc(self.events.num_resyncs - self._num_resyncs)
         self._num_resyncs = self.events.num_resyncs

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.common.frontend.lora_registry import parse_lora_module
 from services.common.settings import CommonSettings, setting
 
 
@@ -67,6 +68,10 @@ class FrontendSettings(RouterSettings, TenantSettings, CommonSettings):
     migration_timeout_s: float = setting(
         30.0, "How long a request whose engine or tokenizer was lost may look for live ones "
         "to continue on, before it fails with a retriable 503")
+    lora_modules: list[str] = setting(
+        [], "LoRA adapters served by model name, name=path (a PEFT directory the engines' "
+        "workers can read) or vLLM's JSON {\"name\", \"path\", \"base_model_name\"}; "
+        "repeat the flag for several. Engines need --enable-lora")
     max_n: int = setting(64, "Largest `n` (samples per prompt) accepted")
     max_logprobs: int = setting(20, "Largest number of top logprobs accepted")
     max_stop_strings: int = setting(64, "Most stop strings one request may set")
@@ -85,6 +90,9 @@ class FrontendSettings(RouterSettings, TenantSettings, CommonSettings):
         "deadline_exceeded")
     instance_timeout_s: float = setting(
         3.5, "A service whose heartbeat is older than this is gone; its requests fail")
+    engine_wait_s: float = setting(
+        10.0, "A request arriving while no engine is ready (one starting or restarting, a "
+        "heartbeat late) waits this long for one before its 503")
     tokenizer_timeout_s: float = setting(10.0, "Longest to wait for a tokenizer's answer")
     enable_auto_tool_choice: bool = setting(
         True, "Let the model decide when to call tools (tool_choice \"auto\", the default "
@@ -96,3 +104,7 @@ class FrontendSettings(RouterSettings, TenantSettings, CommonSettings):
     reasoning_parser: str = setting(
         "", "Split <think> reasoning from the answer into reasoning_content (vLLM's names): "
         "deepseek_r1, qwen3; empty: off", choices=["", "deepseek_r1", "qwen3"])
+
+    def __post_init__(self) -> None:
+        for spec in self.lora_modules:   # a bad flag stops the start
+            parse_lora_module(spec)

@@ -113,6 +113,40 @@ class ReasoningMarkers(betterproto.Message):
 
 
 @dataclass(eq=False, repr=False)
+class LoraRequest(betterproto.Message):
+    """
+    A LoRA adapter a request runs with (vLLM's LoRARequest). The gateway names it; the
+     worker reads the PEFT directory at `path` the first time it sees `lora_id` (or a new path
+     for it). lora_id is derived from name and path, so every gateway gives an adapter the same
+     id and the prefix cache (whose block hashes carry it) never mixes two adapters' KV.
+    """
+
+    lora_id: int = betterproto.int32_field(1)
+    name: str = betterproto.string_field(2)
+    path: str = betterproto.string_field(3)
+
+
+@dataclass(eq=False, repr=False)
+class MultiModalItem(betterproto.Message):
+    """
+    One image of a prompt (issue 19): where its placeholder tokens are, what it is, and where
+     its preprocessed tensors wait. The tensors (pixel values and the processor's extras) travel
+     through the JetStream object store named by Subjects.mm_inputs_bucket, not in messages:
+     the tokenizer puts them under `data_key`, the worker reads them before the request's first
+     step (once per content hash: its encoder cache keeps the embeddings).
+    """
+
+    content_hash: str = betterproto.string_field(1)
+    offset: int = betterproto.int32_field(2)
+    length: int = betterproto.int32_field(3)
+    is_embed: bytes = betterproto.bytes_field(4)
+    data_key: str = betterproto.string_field(5)
+    """embedding (empty: every one does)"""
+
+    num_embeds: int = betterproto.int32_field(6)
+
+
+@dataclass(eq=False, repr=False)
 class Heartbeat(betterproto.Message):
     """
     Every service publishes one of these periodically on the heartbeat subject.
@@ -165,6 +199,10 @@ class EngineInfo(betterproto.Message):
 
     external_prefix_cache_hits: int = betterproto.int64_field(16)
     max_num_seqs: int = betterproto.int32_field(17)
+    max_loras: int = betterproto.int32_field(18)
+    """would start at once or queue"""
+
+    lora_ids: bytes = betterproto.bytes_field(19)
 
 
 @dataclass(eq=False, repr=False)
@@ -216,6 +254,14 @@ class FinishInfo(betterproto.Message):
      engine's failure.
     """
 
+    num_draft_tokens: int = betterproto.int32_field(17)
+    """
+    Speculative decoding: draft tokens verified for this request, and how many of them the
+     target model accepted (their ratio is the request's acceptance rate).
+    """
+
+    num_accepted_tokens: int = betterproto.int32_field(18)
+
 
 @dataclass(eq=False, repr=False)
 class GenerateRequest(betterproto.Message):
@@ -238,6 +284,9 @@ class GenerateRequest(betterproto.Message):
     Seconds left, when sent, for the request to end (0: no deadline). The engine ends it
      with error_code "deadline_exceeded" once they pass (within a step) and frees its blocks.
     """
+
+    lora: "LoraRequest" = betterproto.message_field(10)
+    mm_items: List["MultiModalItem"] = betterproto.message_field(11)
 
 
 @dataclass(eq=False, repr=False)
@@ -308,6 +357,8 @@ class NewRequestData(betterproto.Message):
     block_ids: bytes = betterproto.bytes_field(5)
     num_computed_tokens: int = betterproto.int32_field(6)
     sampling: "SamplingParams" = betterproto.message_field(7)
+    lora: "LoraRequest" = betterproto.message_field(8)
+    mm_items: List["MultiModalItem"] = betterproto.message_field(9)
 
 
 @dataclass(eq=False, repr=False)
@@ -361,6 +412,12 @@ class StepInput(betterproto.Message):
 class StepOutput(betterproto.Message):
     step: int = betterproto.uint64_field(1)
     handles: bytes = betterproto.bytes_field(2)
+    """
+    Packed int32: requests that sampled a token. With speculative decoding a request may
+     sample several tokens in one step (its accepted drafts plus one): it then appears once
+     per token, consecutively, in order.
+    """
+
     sampled_token_ids: bytes = betterproto.bytes_field(3)
     logprob_handles: bytes = betterproto.bytes_field(4)
     """
@@ -396,6 +453,16 @@ class StepOutput(betterproto.Message):
      (the same KV slot) and samples again (vLLM's WAITING_FOR_FSM, without a stalled step).
     """
 
+    draft_handles: bytes = betterproto.bytes_field(17)
+    """
+    Speculative decoding: requests for which the worker proposed draft tokens after this
+     step's sampling, and how many (packed int32 each). The worker keeps the drafts; the
+     scheduler schedules up to that many as extra query positions of the request's next step
+     (num_scheduled_tokens = 1 + drafts), and the worker verifies them there.
+    """
+
+    num_draft_tokens: bytes = betterproto.bytes_field(18)
+
 
 @dataclass(eq=False, repr=False)
 class PromptLogprobChunk(betterproto.Message):
@@ -420,6 +487,9 @@ class WorkerInfo(betterproto.Message):
     Names the bytes of this worker's KV blocks (model, dtype, block size, layout): kvstore
      blocks are shared only between workers with the same fingerprint.
     """
+
+    max_loras: int = betterproto.int32_field(11)
+    max_cpu_loras: int = betterproto.int32_field(12)
 
 
 @dataclass(eq=False, repr=False)
@@ -527,6 +597,11 @@ class ChatMessage(betterproto.Message):
     name: str = betterproto.string_field(3)
     tool_calls_json: str = betterproto.string_field(4)
     tool_call_id: str = betterproto.string_field(5)
+    content_parts_json: str = betterproto.string_field(6)
+    """
+    A content list with non-text parts (images), as OpenAI's JSON list of parts; `content`
+     is then empty. The tokenizer renders the parts in order with the chat template.
+    """
 
 
 @dataclass(eq=False, repr=False)
@@ -594,6 +669,13 @@ class EncodeReply(betterproto.Message):
     The request's grammar as engines enforce it, its reasoning markers as token ids;
      set only when the grammar has reasoning markers (else: the request's as sent).
     """
+
+    mm_items: List["MultiModalItem"] = betterproto.message_field(7)
+    """
+    The prompt's images, in prompt order, their placeholders expanded in token_ids.
+    """
+
+    error_param: str = betterproto.string_field(8)
 
 
 @dataclass(eq=False, repr=False)

@@ -159,7 +159,8 @@ class BlockPool:
                 token_ids=tokens[first * block_size:(last + 1) * block_size],
                 block_size=block_size,
                 lora_id=request.lora_id,
-                extra_keys=[hasher.extra_keys(i, request.cache_salt, request.lora_id)
+                extra_keys=[hasher.extra_keys(i, request.cache_salt, request.lora_id,
+                                              request.mm_spans)
                             for i in range(first, last + 1)] if hasher is not None else [],
             ))
             start = end

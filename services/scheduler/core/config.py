@@ -29,6 +29,12 @@ class SchedulerConfig:
     hash_algo: str = "sha256"
     hash_seed: str = "llm-mesh"
     enable_kv_events: bool = False
+    num_speculative_tokens: int = 0
+    """Most drafts one request verifies in a step (0: speculative decoding off)."""
+    max_loras: int = 0
+    """LoRA adapters one step may mix, the worker's slots (0: the engine serves no LoRA)."""
+    max_cpu_loras: int = 0
+    """Adapters the worker keeps in host memory."""
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:

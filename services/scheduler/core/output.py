@@ -15,12 +15,15 @@ from typing import TYPE_CHECKING, TypeAlias
 if TYPE_CHECKING:
     from services.scheduler.core.kv_connector import KVConnectorMetadata, KVConnectorOutput
     from services.scheduler.core.request import Request
+    from services.scheduler.core.spec_decode import SpecDecodingStats
 
 # NOTE: the worker's sampling parameters (the service stores the wire's SamplingParams; the
 # step codec sends it on). The core never reads it, so it stays opaque: `object` names no
 # wire type and lets no core code read its fields unnoticed, and no per-request conversion
 # copies fields the core would never use.
 SamplingPayload: TypeAlias = object
+LoraPayload: TypeAlias = object   # the wire's LoraRequest, carried to the worker the same way
+MultiModalPayload: TypeAlias = object   # the wire's MultiModalItems, the same way
 
 
 class FinishReason(enum.IntEnum):
@@ -47,6 +50,8 @@ class NewRequestData:
     num_computed_tokens: int
     """Tokens whose KV is already in `block_ids` (prefix-cache hits); the worker runs from here."""
     sampling: SamplingPayload
+    lora: LoraPayload = None
+    mm_items: MultiModalPayload = None
 
 
 @dataclass(slots=True)
@@ -95,8 +100,9 @@ class SchedulerOutput:
 
 @dataclass(slots=True)
 class RunnerOutput:
-    """The worker's answer to one step: one sampled token per request whose scheduled tokens
-    reached the end of its known tokens (a partial prefill samples nothing)."""
+    """The worker's answer to one step: a sampled token per request whose scheduled tokens
+    reached the end of its known tokens (a partial prefill samples nothing). A request that
+    verified drafts may sample several: its handle then repeats, once per token, in order."""
 
     handles: list[int]
     sampled_token_ids: list[int]
@@ -106,6 +112,19 @@ class RunnerOutput:
     deferred: set[int] = field(default_factory=set)
     """Requests (by handle) that reached their sampling position before their grammar
     compiled on the worker: no token, and their last position is to be computed again."""
+    num_spec_tokens: dict[int, int] = field(default_factory=dict)
+    """Speculative decoding: drafts the worker proposed (and holds) for a request's next
+    step, by handle; a request not named has none."""
+
+    def sampled_by_handle(self) -> dict[int, list[int]]:
+        sampled: dict[int, list[int]] = {}
+        for handle, token_id in zip(self.handles, self.sampled_token_ids):
+            tokens = sampled.get(handle)
+            if tokens is None:
+                sampled[handle] = [token_id]
+            else:
+                tokens.append(token_id)
+        return sampled
 
 
 @dataclass(slots=True)
@@ -138,3 +157,5 @@ class SchedulerStats:
     num_preemptions: int
     """Cumulative."""
     num_waiting_tokens: int = 0
+    spec_decoding: SpecDecodingStats | None = None
+    """Cumulative; None when speculative decoding is off."""

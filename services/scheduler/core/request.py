@@ -9,8 +9,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Collection, Sequence
 
-from services.common.block_hash import BlockHash, BlockHasher
-from services.scheduler.core.output import FinishReason, SamplingPayload
+from services.common.block_hash import BlockHash, BlockHasher, MultiModalSpan
+from services.scheduler.core.output import (FinishReason, LoraPayload, MultiModalPayload,
+                                            SamplingPayload)
 
 
 class RequestStatus(enum.IntEnum):
@@ -44,12 +45,14 @@ class Request:
     __slots__ = (
         "request_id", "prompt_token_ids", "num_prompt_tokens", "output_token_ids",
         "_all_token_ids", "max_tokens", "min_tokens", "stop_token_ids", "eos_token_ids",
-        "ignore_eos", "stop_ids", "priority", "cache_salt", "lora_id", "skip_prefix_cache",
+        "ignore_eos", "stop_ids", "priority", "cache_salt", "lora_id", "lora", "mm_spans",
+        "mm_items", "skip_prefix_cache",
         "sampling", "status", "num_computed_tokens", "num_cached_tokens", "num_preemptions",
         "handle", "arrival_order", "stop_token_id", "error", "error_code", "deadline",
         "block_hasher", "block_hashes",
         "_next_hash_at", "arrival_time", "first_scheduled_time", "first_token_time",
         "last_token_time", "finished_time", "do_remote_decode", "kv_store_hit",
+        "num_spec_tokens", "num_draft_tokens", "num_accepted_tokens",
     )
 
     def __init__(
@@ -66,6 +69,9 @@ class Request:
         arrival_time: float,
         cache_salt: str = "",
         lora_id: int = 0,
+        lora: LoraPayload = None,
+        mm_spans: Sequence[MultiModalSpan] = (),
+        mm_items: MultiModalPayload = None,
         skip_prefix_cache: bool = False,
         sampling: SamplingPayload = None,
         block_hasher: BlockHasher | None = None,
@@ -93,6 +99,12 @@ class Request:
         self.priority = priority
         self.cache_salt = cache_salt
         self.lora_id = lora_id
+        self.lora = lora
+        self.mm_spans = tuple(mm_spans)
+        """The prompt's images: their content hashes go into the hashes of their blocks."""
+        self.mm_items = mm_items
+        """The images as the worker needs them; opaque to the core."""
+        """The adapter as the worker needs it (id, name, path); opaque to the core."""
         self.skip_prefix_cache = skip_prefix_cache
         self.sampling = sampling
         self.do_remote_decode = do_remote_decode
@@ -108,6 +120,12 @@ class Request:
         """Prefix-cache hit tokens at first schedule (local hits plus tokens loaded from the
         kvstore); fixed afterwards."""
         self.num_preemptions = 0
+        self.num_spec_tokens = 0
+        """Speculative decoding: drafts the worker proposed for this request's next step
+        (it holds them; 0 once the worker has no row for the request)."""
+        self.num_draft_tokens = 0
+        """Drafts verified so far, and how many of them were accepted."""
+        self.num_accepted_tokens = 0
         self.handle: int | None = None
         """Unique int32 the scheduler assigns at add_request; the worker names the request by it."""
         self.arrival_order = 0
@@ -157,7 +175,7 @@ class Request:
         """Hashes the full blocks known so far; later ones are hashed as tokens complete them."""
         self.block_hasher = block_hasher
         self.block_hashes = block_hasher.hash_blocks(self._all_token_ids, self.cache_salt,
-                                                     self.lora_id)
+                                                     self.lora_id, self.mm_spans)
         self._next_hash_at = (len(self.block_hashes) + 1) * block_hasher.block_size
 
     def _hash_new_full_blocks(self) -> None:
@@ -172,7 +190,7 @@ class Request:
             parent = hashes[-1] if hashes else hasher.root_hash
             hashes.append(hasher.hash_block(
                 parent, tokens[index * size:(index + 1) * size],
-                hasher.extra_keys(index, self.cache_salt, self.lora_id)))
+                hasher.extra_keys(index, self.cache_salt, self.lora_id, self.mm_spans)))
         self._next_hash_at = (len(hashes) + 1) * size
 
     # ---- status -------------------------------------------------------------------------

@@ -25,8 +25,15 @@ from services.scheduler.core.output import (
     SchedulerOutput,
     SchedulerStats,
 )
+from services.scheduler.core.lora_slots import LoraSlots
 from services.scheduler.core.request import Request, RequestStatus
 from services.scheduler.core.request_queue import create_request_queue
+from services.scheduler.core.spec_decode import (
+    SpecDecodingStats,
+    apply_verification,
+    num_drafts_to_schedule,
+)
+from services.scheduler.core.stop_checker import append_output_tokens
 
 _INT32_MAX = 2**31 - 1
 # NOTE: a fixed hint; the queue drains at a rate the core does not measure.
@@ -79,6 +86,10 @@ class Scheduler:
         self._step = 0
 
         self.num_preemptions = 0
+        self.spec_decoding_stats = (SpecDecodingStats() if config.num_speculative_tokens
+                                    else None)
+        self.loras = (LoraSlots(config.max_loras, config.max_cpu_loras) if config.max_loras
+                      else None)
         self._prefix_cache_queries = 0
         self._prefix_cache_hits = 0
         num_blocks = num_gpu_blocks if num_gpu_blocks is not None else config.num_gpu_blocks
@@ -92,6 +103,9 @@ class Scheduler:
         the waiting queue is full right now."""
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in the engine")
+        if request.lora_id and self.loras is None:
+            raise ValueError("this engine serves no LoRA adapters (start its worker with "
+                             "--enable-lora)")
         self._check_fits(request)
         self._check_admission(request)
         if self.block_hasher is not None and request.block_hasher is None:
@@ -144,7 +158,8 @@ class Scheduler:
         # The one rule (as in vLLM V1): there is no prefill phase and no decode phase. Each
         # request has num_computed_tokens (KV in the cache) and num_tokens (prompt + outputs
         # so far); a step gives each request some of the difference, under one token budget.
-        # A decode asks for 1 token; a prefill asks for the rest of its prompt, clipped by
+        # A decode asks for 1 token (plus the drafts the worker proposed for it, trimmed to
+        # the budget: spec_decode.py); a prefill asks for the rest of its prompt, clipped by
         # the budget (chunked prefill) and by long_prefill_token_threshold; prefix-cache hits
         # count as computed. Running requests go first (decodes, then unfinished prefills),
         # then waiting ones in policy order while the budget, max_num_seqs and free blocks
@@ -169,7 +184,9 @@ class Scheduler:
                 continue
             if plan.token_budget == 0:
                 return
-            self._schedule_running_request(plan, request, 1)
+            self._schedule_running_request(plan, request, 1 + num_drafts_to_schedule(
+                request, plan.token_budget, self.max_model_len,
+                self.config.num_speculative_tokens))
         threshold = self.long_prefill_token_threshold
         for request in prefills:
             if plan.token_budget == 0:
@@ -199,10 +216,23 @@ class Scheduler:
             plan.new_block_ids[request] = new_blocks.get_block_ids()
 
     def _schedule_waiting(self, plan: _StepPlan) -> None:
+        if not self.waiting:
+            return
+        loras = self.loras
+        active_loras = loras.active(self.requests.values()) if loras is not None else set()
+        skipped: list[Request] = []   # their adapter would exceed max_loras: they keep place
         while (self.waiting and plan.token_budget > 0
                and len(self.running) < self.max_num_seqs):
-            if not self._schedule_waiting_request(plan, self.waiting.peek_request()):
-                return   # head of line waits for blocks; later ones do not jump it
+            request = self.waiting.peek_request()
+            if loras is not None and not loras.admits(active_loras, request.lora_id):
+                skipped.append(self.waiting.pop_request())
+                continue
+            if not self._schedule_waiting_request(plan, request):
+                break    # head of line waits for blocks; later ones do not jump it
+            if request.lora_id:
+                active_loras.add(request.lora_id)
+        for request in reversed(skipped):
+            self.waiting.prepend_request(request)
 
     def _schedule_waiting_request(self, plan: _StepPlan, request: Request) -> bool:
         kv_cache_manager = self.kv_cache_manager
@@ -322,6 +352,7 @@ class Scheduler:
         self.kv_cache_manager.free(victim)
         victim.status = RequestStatus.PREEMPTED
         victim.num_computed_tokens = 0
+        victim.num_spec_tokens = 0          # its worker row, with the drafts, goes
         victim.num_preemptions += 1
         self.num_preemptions += 1
         plan.num_preempted += 1
@@ -339,7 +370,10 @@ class Scheduler:
             new_requests.append(NewRequestData(
                 request.handle, request.request_id, list(request.all_token_ids),
                 request.num_prompt_tokens, get_block_ids(request.request_id),
-                request.num_computed_tokens, request.sampling))
+                request.num_computed_tokens, request.sampling, request.lora,
+                request.mm_items))
+            if self.loras is not None:
+                self.loras.sent(request.lora_id)
             num_scheduled_tokens.append(num_tokens)
             request_ids.append(request.request_id)
         cached = CachedRequestData()
@@ -370,7 +404,7 @@ class Scheduler:
         """Advances each scheduled request by what it ran, appends sampled tokens, finishes
         requests that hit a stop condition. One output per request that got a token."""
         now = self.clock()
-        sampled = dict(zip(runner_output.handles, runner_output.sampled_token_ids))
+        sampled = runner_output.sampled_by_handle()
         get_request = self._handle_to_request.get
         outputs: list[EngineCoreOutput] = []
         if self.kv_connector is not None:
@@ -384,49 +418,48 @@ class Scheduler:
             if request is None or request.status is not RUNNING:
                 continue   # aborted after it was scheduled
             request.num_computed_tokens += num_tokens
+            if runner_output.rejected and handle in runner_output.rejected:
+                # Its own input failed it (a grammar, an adapter, an image).
+                request.error_code = "invalid_request"
+                request.error = runner_output.rejected[handle]
+                outputs.append(self._finish(request, RequestStatus.FINISHED_ERROR, now, []))
+                num_finished += 1
+                continue
             if request.num_computed_tokens < request.num_tokens:
                 continue   # prefill still partial: nothing sampled
-            token_id = sampled.get(handle)
-            if token_id is None and handle in runner_output.deferred:
+            token_ids = sampled.get(handle)
+            if token_ids is None and handle in runner_output.deferred:
                 # Its grammar still compiles on the worker: the next step recomputes the
                 # last position (the same KV slot) and samples again; nothing else waits.
                 request.num_computed_tokens -= 1
                 continue
-            if token_id is None:
-                reason = runner_output.rejected.get(handle)
-                request.error_code = "invalid_request" if reason is not None else None
-                request.error = reason or "the worker returned no token for a complete request"
+            if token_ids is None:
+                request.error_code = None
+                request.error = "the worker returned no token for a complete request"
                 outputs.append(self._finish(request, RequestStatus.FINISHED_ERROR, now, []))
                 num_finished += 1
                 continue
-            request.append_output_token_id(token_id)
+            num_drafts = request.num_computed_tokens - request.num_tokens
+            if num_drafts:
+                assert self.spec_decoding_stats is not None
+                apply_verification(request, num_drafts, len(token_ids),
+                                   self.spec_decoding_stats)
+            request.num_spec_tokens = runner_output.num_spec_tokens.get(handle, 0)
             if request.first_token_time is None:
                 request.first_token_time = now
             request.last_token_time = now
-            status = self._check_stop(request, token_id)
+            token_ids, status = append_output_tokens(request, token_ids, self.max_model_len)
             if status is None:
                 outputs.append(EngineCoreOutput(
-                    request.request_id, handle, [token_id], None, None,
+                    request.request_id, handle, token_ids, None, None,
                     request.num_prompt_tokens, request.num_cached_tokens,
                     len(request.output_token_ids)))
             else:
-                outputs.append(self._finish(request, status, now, [token_id]))
+                outputs.append(self._finish(request, status, now, token_ids))
                 num_finished += 1
         if num_finished:
             self.running = [r for r in self.running if r.status is RUNNING]
         return outputs
-
-    def _check_stop(self, request: Request, token_id: int) -> RequestStatus | None:
-        num_output_tokens = len(request.output_token_ids)
-        if token_id in request.stop_ids and num_output_tokens >= request.min_tokens:
-            # As in vLLM, stop_token_id names an explicit stop token, not EOS.
-            if token_id in request.stop_token_ids:
-                request.stop_token_id = token_id
-            return RequestStatus.FINISHED_STOPPED
-        if (num_output_tokens >= request.max_tokens
-                or request.num_tokens >= self.max_model_len):
-            return RequestStatus.FINISHED_LENGTH_CAPPED
-        return None
 
     def _finish(self, request: Request, status: RequestStatus, now: float,
                 new_token_ids: list[int]) -> EngineCoreOutput:
@@ -503,6 +536,7 @@ class Scheduler:
             self.kv_cache_manager.free(request)
             request.status = RequestStatus.PREEMPTED
             request.num_computed_tokens = 0
+            request.num_spec_tokens = 0
             request.num_preemptions += 1
             self.num_preemptions += 1
             self.waiting.prepend_request(request)
@@ -573,7 +607,9 @@ class Scheduler:
             prefix_cache_queries=self._prefix_cache_queries,
             prefix_cache_hits=self._prefix_cache_hits,
             num_preemptions=self.num_preemptions,
-            num_waiting_tokens=self._num_waiting_tokens)
+            num_waiting_tokens=self._num_waiting_tokens,
+            spec_decoding=(self.spec_decoding_stats.copy()
+                           if self.spec_decoding_stats is not None else None))
 
     def _collect_prefix_cache_stats(self) -> None:
         prefix = self.kv_cache_manager.take_prefix_cache_stats()

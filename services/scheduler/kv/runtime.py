@@ -9,6 +9,7 @@ prefix caching (blocks are named by their prefix-cache hashes).
 from __future__ import annotations
 
 import structlog
+from prometheus_client import Gauge
 
 from services.common import wire
 from services.common.bus import Bus
@@ -50,12 +51,14 @@ class KVConnectorRuntime:
                                         settings.block_size, settings.kv_lookup_timeout_s, log)
         self.events: KVEventPublisher | None = None
         if settings.enable_kv_events:
-            self.events = KVEventPublisher(bus, subjects, publisher_id, self._snapshot)
+            self.events = KVEventPublisher(bus, subjects, publisher_id, self._snapshot,
+                                           replicas=settings.jetstream_replicas)
         self._scheduler: Scheduler | None = None
         self._metrics = metrics
         self._counters: tuple = ()
         self._load_time = None
         self._seen = (0, 0, 0, 0, 0)   # counts already exported
+        self._event_batches: Gauge | None = None
 
     @property
     def kv_role(self) -> str:
@@ -97,6 +100,8 @@ class KVConnectorRuntime:
         """A new engine core: its connector's counts start at zero."""
         self._scheduler = scheduler
         self._seen = (0, 0, 0, 0, 0)
+        self._event_batches = (self._metrics.kv_event_batches.labels(*labels)
+                               if self.events is not None else None)
         if scheduler.kv_connector is not None:
             # Label children made now, so every counter is exported (at 0) from the start.
             m = self._metrics
@@ -129,6 +134,8 @@ class KVConnectorRuntime:
         """Publishes the step's pool events and exports the connector's counters."""
         if self.events is not None:
             self.events.publish([_to_wire(event) for event in scheduler.take_kv_events()])
+            if self._event_batches is not None:
+                self._event_batches.set(self.events.seq)
         connector = scheduler.kv_connector
         if connector is None or self.lookup is None or self._load_time is None:
             return

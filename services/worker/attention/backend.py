@@ -4,6 +4,8 @@ Every backend reads the same paged KV layout (vLLM's flash layout, shared with k
 key / value caches are [num_blocks, block_size, num_kv_heads, head_dim] per layer, token slot =
 block_id * block_size + offset, block 0 is the null block padding entries point at. In each
 layer the step's new keys / values are written to their slots before attention reads them.
+What differs between a model's layers (scale, sliding window, soft-cap) travels with each call
+as an AttentionLayer, so one backend and one metadata per step serve every layer.
 """
 
 from __future__ import annotations
@@ -32,6 +34,18 @@ class KVCache:
     @property
     def is_fp8(self) -> bool:
         return self.key.dtype == torch.float8_e4m3fn
+
+
+@dataclass(frozen=True)
+class AttentionLayer:
+    """One layer's attention parameters (vLLM's per-layer Attention impl arguments)."""
+
+    scale: float
+    # NOTE: HF's convention: query at position p sees keys (p - sliding_window, p], itself and
+    # the sliding_window - 1 before it. None: every earlier key.
+    sliding_window: int | None = None
+    # Gemma 2: scores become cap * tanh(scores / cap) before the softmax. None: no capping.
+    logits_soft_cap: float | None = None
 
 
 @dataclass
@@ -70,6 +84,7 @@ class AttentionBackend(ABC):
         self.head_dim = head_dim
         self.scale = scale
         self.block_size = block_size
+        self.default_layer = AttentionLayer(scale)
 
     @abstractmethod
     def build_metadata(self, common: CommonAttentionMetadata) -> Any:
@@ -77,5 +92,7 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                kv_cache: KVCache, metadata: Any) -> torch.Tensor:
-        """Writes key/value [T, Hkv, D] to the cache, attends query [T, Hq, D]: [T, Hq * D]."""
+                kv_cache: KVCache, metadata: Any,
+                layer: AttentionLayer | None = None) -> torch.Tensor:
+        """Writes key/value [T, Hkv, D] to the cache, attends query [T, Hq, D]: [T, Hq * D].
+        `layer` None: plain causal attention at the backend's scale."""

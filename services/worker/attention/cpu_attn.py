@@ -1,8 +1,9 @@
 """The `torch` backend's CPU fast path: the KV write and attention in C++ (kernels/cpu).
 
-Per step, build_metadata asks the kernels for a work plan (kernels/cpu/attention_plan.cpp:
-query tiles for prefill chunks, KV splits for long decodes, one balanced range of items per
-thread) that every layer reuses. Per layer, forward is two calls: reshape_and_cache, then
+Per step, the kernels make a work plan (kernels/cpu/attention_plan.cpp: query tiles for prefill
+chunks, KV splits for long decodes, one balanced range of items per thread) that every layer
+reuses; layers with a sliding window share one of their own, whose key ranges start at the
+window (made by the first such layer of the step). Per layer, forward is two calls: reshape_and_cache, then
 paged_attention, which reads K/V in place through the block table: no gather copy, no padding
 to the longest context, all query heads of a KV head together (GQA), a cached prefix read like
 any other context. The torch backend it extends stays the fallback (kernels not built, head
@@ -17,19 +18,26 @@ from typing import Any
 
 import torch
 
-from services.worker.attention.backend import CommonAttentionMetadata, KVCache
+from services.worker.attention.backend import AttentionLayer, CommonAttentionMetadata, KVCache
 from services.worker.attention.torch_attn import TorchAttentionBackend
 from services.worker.cpu_runtime import load_cpu_kernels
+
+
+@dataclass
+class CpuAttentionPlan:
+    items: torch.Tensor          # int32 [num_items, 8]: the plan's work items
+    bounds: torch.Tensor         # int32 [num_threads + 1]: each thread's range of items
+    merges: torch.Tensor         # int32 [num_merges, 4]: decodes cut into KV splits
+    partials: torch.Tensor       # fp32 scratch for the splits' partial results
 
 
 @dataclass
 class CpuAttentionMetadata:
     slot_mapping: torch.Tensor   # int64 [num_tokens]
     block_table: torch.Tensor    # int32 [num_reqs, max_blocks]
-    items: torch.Tensor          # int32 [num_items, 8]: the plan's work items
-    bounds: torch.Tensor         # int32 [num_threads + 1]: each thread's range of items
-    merges: torch.Tensor         # int32 [num_merges, 4]: decodes cut into KV splits
-    partials: torch.Tensor       # fp32 scratch for the splits' partial results
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    plans: dict[int | None, CpuAttentionPlan]   # by sliding window (None: global layers)
 
 
 class CpuAttentionBackend(TorchAttentionBackend):
@@ -45,21 +53,30 @@ class CpuAttentionBackend(TorchAttentionBackend):
     def build_metadata(self, common: CommonAttentionMetadata) -> Any:
         if self.ops is None:
             return super().build_metadata(common)
-        items, bounds, merges, partials = self.ops.attention_plan(
-            common.query_start_loc, common.seq_lens, self.num_kv_heads,
-            self.num_heads // self.num_kv_heads, self.head_dim)
-        return CpuAttentionMetadata(common.slot_mapping, common.block_table, items, bounds,
-                                    merges, partials)
+        return CpuAttentionMetadata(common.slot_mapping, common.block_table,
+                                    common.query_start_loc, common.seq_lens, {})
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                kv_cache: KVCache, metadata: Any) -> torch.Tensor:
+                kv_cache: KVCache, metadata: Any,
+                layer: AttentionLayer | None = None) -> torch.Tensor:
         if self.ops is None:
-            return super().forward(query, key, value, kv_cache, metadata)
+            return super().forward(query, key, value, kv_cache, metadata, layer)
+        layer = layer or self.default_layer
+        plan = self._plan(metadata, layer.sliding_window)
         self.ops.reshape_and_cache(key, value, kv_cache.key, kv_cache.value,
                                    metadata.slot_mapping, kv_cache.k_scale, kv_cache.v_scale)
         out = query.new_empty(query.shape[0], self.num_heads * self.head_dim)
+        # NOTE: the kernels read 0 as "no window" and "no cap".
         self.ops.paged_attention(out, query, kv_cache.key, kv_cache.value, metadata.block_table,
-                                 metadata.items, metadata.bounds, metadata.merges,
-                                 metadata.partials, self.scale, kv_cache.k_scale,
-                                 kv_cache.v_scale)
+                                 plan.items, plan.bounds, plan.merges, plan.partials,
+                                 layer.scale, kv_cache.k_scale, kv_cache.v_scale,
+                                 layer.sliding_window or 0, layer.logits_soft_cap or 0.0)
         return out
+
+    def _plan(self, metadata: CpuAttentionMetadata, window: int | None) -> CpuAttentionPlan:
+        plan = metadata.plans.get(window)
+        if plan is None:
+            plan = metadata.plans[window] = CpuAttentionPlan(*self.ops.attention_plan(
+                metadata.query_start_loc, metadata.seq_lens, self.num_kv_heads,
+                self.num_heads // self.num_kv_heads, self.head_dim, window or 0))
+        return plan

@@ -13,7 +13,12 @@ from dataclasses import dataclass
 
 import torch
 
-from services.worker.attention.backend import AttentionBackend, CommonAttentionMetadata, KVCache
+from services.worker.attention.backend import (
+    AttentionBackend,
+    AttentionLayer,
+    CommonAttentionMetadata,
+    KVCache,
+)
 
 
 @dataclass
@@ -61,19 +66,23 @@ class TritonAttentionBackend(AttentionBackend):
         )
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                kv_cache: KVCache, metadata: TritonAttentionMetadata) -> torch.Tensor:
+                kv_cache: KVCache, metadata: TritonAttentionMetadata,
+                layer: AttentionLayer | None = None) -> torch.Tensor:
+        layer = layer or self.default_layer
         scales = dict(k_scale=kv_cache.k_scale_tensor, v_scale=kv_cache.v_scale_tensor)
         self._reshape_and_cache(key, value, kv_cache.key, kv_cache.value, metadata.slot_mapping,
                                 **scales)
+        per_layer = dict(sliding_window=layer.sliding_window,
+                         logits_soft_cap=layer.logits_soft_cap, **scales)
         num_tokens, num_decodes = query.shape[0], metadata.num_decodes
         out = query.new_empty(num_tokens, self.num_heads, self.head_dim)
         if num_decodes:
             self._decode_attention(
                 query[:num_decodes], kv_cache.key, kv_cache.value, metadata.decode_block_table,
-                metadata.decode_seq_lens, self.scale, out=out[:num_decodes], **scales)
+                metadata.decode_seq_lens, layer.scale, out=out[:num_decodes], **per_layer)
         if metadata.num_prefills:
             self._prefill_attention(
                 query[num_decodes:], kv_cache.key, kv_cache.value, metadata.prefill_block_table,
-                metadata.prefill_query_start_loc, metadata.prefill_seq_lens, self.scale,
-                metadata.max_query_len, out=out[num_decodes:], **scales)
+                metadata.prefill_query_start_loc, metadata.prefill_seq_lens, layer.scale,
+                metadata.max_query_len, out=out[num_decodes:], **per_layer)
         return out.view(num_tokens, -1)

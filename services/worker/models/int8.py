@@ -77,13 +77,16 @@ class Int8Linear:
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                 kernels: ModuleType | None = None):
+                 kernels: ModuleType | None = None, weight_scales: torch.Tensor | None = None):
+        """weight_scales: `weight` holds int8 codes already, with these fp32 scales per
+        output channel (a checkpoint stored W8A8: checkpoint_quant/compressed_tensors.py)."""
         if weight.device.type != "cpu":
             raise ValueError(f"--quantization int8 runs on the CPU only (the weights are on "
                              f"{weight.device.type})")
         self.out_features, self.in_features = weight.shape
         self.weight: torch.Tensor | None
-        self.weight, self.weight_scales = quantize_weight(weight)
+        self.weight, self.weight_scales = (quantize_weight(weight) if weight_scales is None
+                                           else (weight, weight_scales))
         self.bias = None if bias is None else bias.float()
         self.ops = kernels if kernels is not None else Int8Ops
         self.num_bytes = sum(t.numel() * t.element_size()

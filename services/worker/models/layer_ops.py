@@ -1,4 +1,5 @@
 """A decoder layer's small steps (RMSNorm with the residual add, SiLU-and-mul): torch or C++.
+GELU(tanh)-and-mul (Gemma) has no C++ kernel: it runs in torch on every path.
 
 TorchLayerOps is the reference and the GPU path; CpuLayerOps runs each step as one fused C++
 kernel (kernels/cpu/layer_ops.cpp) that rounds where the torch expressions round: they agree
@@ -9,10 +10,13 @@ versions cost ~60 small ops per step in dispatch and temporaries.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
 
 import torch
 import torch.nn.functional as F
+
+from services.worker.models.config import UnsupportedModelError
 
 
 class TorchLayerOps:
@@ -38,6 +42,19 @@ class TorchLayerOps:
         """silu(gate) * up for gate_up = [gate | up] ([T, 2I]): [T, I]."""
         size = gate_up.shape[1] // 2
         return F.silu(gate_up[:, :size]).mul_(gate_up[:, size:])
+
+    def gelu_tanh_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """gelu_tanh(gate) * up (HF's gelu_pytorch_tanh) for gate_up = [gate | up]: [T, I]."""
+        size = gate_up.shape[1] // 2
+        return F.gelu(gate_up[:, :size], approximate="tanh").mul_(gate_up[:, size:])
+
+    def act_and_mul(self, hidden_act: str) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The gated MLP's activation-and-mul for an HF `hidden_act` name."""
+        if hidden_act == "silu":
+            return self.silu_and_mul
+        if hidden_act in ("gelu_pytorch_tanh", "gelu_tanh"):
+            return self.gelu_tanh_and_mul
+        raise UnsupportedModelError(f"MLP activation {hidden_act!r} is not supported")
 
 
 class CpuLayerOps(TorchLayerOps):

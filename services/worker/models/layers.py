@@ -19,9 +19,11 @@ from services.worker.models.quantized import QuantizedMatrix
 log = structlog.get_logger(__name__)
 
 # Rows up to which a linear with GGUF blocks reads them instead of the dense fp32 weight.
-# NOTE: measured (2 cores, AVX2) on SmolLM2's MLPs: 2.7x faster than oneDNN at 1 row, 1.5x
+# NOTE: measured on SmolLM2's MLPs (2 cores, AVX2): 2.7x faster than oneDNN at 1 row, 1.5x
 # at 8, even at 16, 0.76x at 32 (the expansion's extra work outweighs the bytes saved).
-QUANTIZED_MAX_ROWS = 12
+# Whole decode steps (2 cores, AVX-512, kernel grouping 8 columns; benchmarks.md section 2):
+# 2.65x at 1 row, 1.10x at 8, 0.93x at 12.
+QUANTIZED_MAX_ROWS = 8
 # Rows of each matrix whose GGUF blocks are checked against the loaded weight.
 _SAMPLE_ROWS = 64
 

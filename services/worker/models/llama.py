@@ -4,6 +4,8 @@ One forward pass runs every scheduled token of every request as a single [num_to
 batch: no padding to the longest request, no per-request Python loop. q/k/v are one fused
 matmul, gate/up another; rope's cos/sin and the attention metadata are looked up once per step
 and shared by all layers. Qwen2 adds a q/k/v bias, Qwen3 an RMSNorm over each head of q and k.
+Each layer hands the attention backend its AttentionLayer (scale, sliding window, soft-cap), so
+a model may mix sliding-window and global layers. Other families subclass these (gemma.py).
 
 NOTE: runs eagerly. torch.compile (inductor, dynamic shapes, attention left eager) was measured
 on the 2-core CPU: slower in the model (+8% step time at batch 1, +4% at 32) and in isolated
@@ -12,20 +14,23 @@ blocks, with ~7 s of compile at start-up, so it is not used.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from services.worker.attention.backend import AttentionBackend, KVCache
+from services.worker.attention.backend import AttentionBackend, AttentionLayer, KVCache
 from services.worker.cpu_runtime import load_cpu_kernels
+from services.worker.models.checkpoint_quant.scheme import LinearLike
 from services.worker.models.config import ModelConfig
 from services.worker.models.int8 import Int8Linear
 from services.worker.models.quantized import BlockSource
 from services.worker.models.layer_ops import CpuLayerOps, TorchLayerOps
 from services.worker.models.layers import Linear
 from services.worker.models.rotary import RotaryEmbedding
+from services.worker.models.vision.mrope import MRotaryEmbedding
 from services.worker.models.weights import WeightSource
 
 
@@ -33,6 +38,10 @@ LinearFactory = Callable[..., Linear | Int8Linear]   # (weight names, bias=None)
 
 
 class LlamaDecoderLayer:
+    # The checkpoint's projections that make up the fused qkv and gate_up linears.
+    qkv_proj_names: tuple[str, ...] = ("q_proj", "k_proj", "v_proj")
+    gate_up_proj_names: tuple[str, ...] = ("gate_proj", "up_proj")
+
     def __init__(self, config: ModelConfig, weights: WeightSource, index: int,
                  attn: AttentionBackend, rotary: RotaryEmbedding, ops: TorchLayerOps,
                  linear: LinearFactory):
@@ -40,18 +49,20 @@ class LlamaDecoderLayer:
         attn_prefix = prefix + "self_attn."
         qkv_bias = None
         if config.attention_bias:
-            qkv_bias = weights.get_fused([f"{attn_prefix}{p}_proj.bias" for p in "qkv"])
-        self.qkv_proj = linear([f"{attn_prefix}{p}_proj.weight" for p in "qkv"], qkv_bias)
+            qkv_bias = weights.get_fused([f"{attn_prefix}{p}.bias" for p in self.qkv_proj_names])
+        self.qkv_proj = linear([f"{attn_prefix}{p}.weight" for p in self.qkv_proj_names],
+                               qkv_bias)
         self.o_proj = linear([attn_prefix + "o_proj.weight"])
-        mlp_prefix = prefix + "mlp."
-        self.gate_up_proj = linear([mlp_prefix + "gate_proj.weight", mlp_prefix + "up_proj.weight"])
-        self.down_proj = linear([mlp_prefix + "down_proj.weight"])
-        self.input_layernorm = weights.get(prefix + "input_layernorm.weight")
-        self.post_attention_layernorm = weights.get(prefix + "post_attention_layernorm.weight")
+        self.input_layernorm = self._norm_weight(weights, prefix + "input_layernorm.weight")
+        self.post_attention_layernorm = self._norm_weight(
+            weights, prefix + "post_attention_layernorm.weight")
         self.q_norm = self.k_norm = None
         if config.qk_norm:
-            self.q_norm = weights.get(attn_prefix + "q_norm.weight")
-            self.k_norm = weights.get(attn_prefix + "k_norm.weight")
+            self.q_norm = self._norm_weight(weights, attn_prefix + "q_norm.weight")
+            self.k_norm = self._norm_weight(weights, attn_prefix + "k_norm.weight")
+        self.act_and_mul = ops.act_and_mul(config.hidden_act)
+        self.attn_layer = AttentionLayer(config.scale, config.layer_sliding_windows[index],
+                                         config.attn_logit_softcapping)
         self.eps = config.rms_norm_eps
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
@@ -60,6 +71,18 @@ class LlamaDecoderLayer:
         self.rotary = rotary
         self.ops = ops
         self.kv_cache: KVCache | None = None
+        self._load_mlp(config, weights, index, linear)
+
+    @staticmethod
+    def _norm_weight(weights: WeightSource, name: str) -> torch.Tensor:
+        """An RMSNorm's scale as the model multiplies by it (Gemma stores it minus one)."""
+        return weights.get(name)
+
+    def _load_mlp(self, config: ModelConfig, weights: WeightSource, index: int,
+                  linear: LinearFactory) -> None:
+        mlp_prefix = f"layers.{index}.mlp."
+        self.gate_up_proj = linear([f"{mlp_prefix}{p}.weight" for p in self.gate_up_proj_names])
+        self.down_proj = linear([mlp_prefix + "down_proj.weight"])
 
     @property
     def linears(self) -> tuple[Linear, ...]:
@@ -76,12 +99,19 @@ class LlamaDecoderLayer:
         # NOTE: the residual stream is summed in place into the freshly produced tensors.
         hidden, residual = self.ops.add_rms_norm(hidden, residual, self.input_layernorm,
                                                  self.eps)
-        q, k, v = self._qkv(self.qkv_proj(hidden), cos, sin)
-        hidden = self.o_proj(self.attn.forward(q, k, v, self.kv_cache, attn_metadata))
+        hidden = self._attention(hidden, cos, sin, attn_metadata)
         hidden, residual = self.ops.add_rms_norm(hidden, residual,
                                                  self.post_attention_layernorm, self.eps)
-        hidden = self.ops.silu_and_mul(self.gate_up_proj(hidden))
-        return self.down_proj(hidden), residual
+        return self._mlp(hidden), residual
+
+    def _attention(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   attn_metadata: Any) -> torch.Tensor:
+        q, k, v = self._qkv(self.qkv_proj(hidden), cos, sin)
+        return self.o_proj(self.attn.forward(q, k, v, self.kv_cache, attn_metadata,
+                                             self.attn_layer))
+
+    def _mlp(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_and_mul(self.gate_up_proj(hidden)))
 
     def _qkv(self, qkv: torch.Tensor, cos: torch.Tensor,
              sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -100,6 +130,8 @@ class LlamaDecoderLayer:
 
 
 class LlamaForCausalLM:
+    layer_cls: type[LlamaDecoderLayer] = LlamaDecoderLayer
+
     def __init__(self, config: ModelConfig, weights: WeightSource, attn: AttentionBackend,
                  max_position: int, blocks: BlockSource | None = None,
                  quantization: str = "none"):
@@ -110,11 +142,23 @@ class LlamaForCausalLM:
         # built (kernels/cpu_ops.py), in torch otherwise.
         kernels = load_cpu_kernels() if weights.device.type == "cpu" else None
         self.ops = CpuLayerOps(kernels) if kernels is not None else TorchLayerOps()
-        self.rotary = RotaryEmbedding(config.head_dim, max_position, config.rope_theta,
-                                      config.rope_scaling, weights.dtype, weights.device, kernels)
+        # Qwen2-VL: M-RoPE over positions [3, T] (vision/mrope.py).
+        self.rotary = (RotaryEmbedding(config.head_dim, max_position, config.rope_theta,
+                                       config.rope_scaling, weights.dtype, weights.device, kernels)
+                       if config.mrope_section is None else
+                       MRotaryEmbedding(config.head_dim, max_position, config.rope_theta,
+                                        config.mrope_section, weights.dtype, weights.device,
+                                        kernels))
 
         def linear(names: list[str], bias: torch.Tensor | None = None,
-                   weight: torch.Tensor | None = None) -> Linear | Int8Linear:
+                   weight: torch.Tensor | None = None) -> Linear | Int8Linear | LinearLike:
+            # A checkpoint stored quantized runs its stored form where this device can;
+            # elsewhere weights.get_fused reads its weights dequantized (checkpoint_quant/).
+            if weights.quantization is not None and weight is None:
+                stored = weights.quantization.linear(weights, names, bias, kernels,
+                                                     quantization)
+                if stored is not None:
+                    return stored
             if quantization == "int8":   # from the fp32 values, whatever the model dtype
                 return Int8Linear(weights.get_fused(names, torch.float32), bias, kernels)
             quantized = blocks.get_fused(names) if blocks is not None else None
@@ -122,9 +166,19 @@ class LlamaForCausalLM:
                           quantized, kernels)
 
         self.embed_tokens = weights.get("embed_tokens.weight")
-        self.layers = [LlamaDecoderLayer(config, weights, i, attn, self.rotary, self.ops, linear)
-                       for i in range(config.num_hidden_layers)]
-        self.norm = weights.get("norm.weight")
+        # Token ids -> hidden rows (tensor parallelism swaps in a vocab-parallel lookup).
+        self.embedding: Callable[[torch.Tensor], torch.Tensor] = functools.partial(
+            F.embedding, weight=self.embed_tokens)
+        # Gemma 3: sliding layers rotate with a rope base of their own.
+        local_rotary = self.rotary if config.local_rope_theta is None else RotaryEmbedding(
+            config.head_dim, max_position, config.local_rope_theta, None, weights.dtype,
+            weights.device, kernels)
+        self.layers = [self.layer_cls(config, weights, i, attn,
+                                      self.rotary if window is None else local_rotary,
+                                      self.ops, linear)
+                       for i, window in enumerate(config.layer_sliding_windows)]
+        self.rotaries = list({id(layer.rotary): layer.rotary for layer in self.layers}.values())
+        self.norm = self.layer_cls._norm_weight(weights, "norm.weight")
         tied = config.tie_word_embeddings or "lm_head.weight" not in weights
         self.lm_head = (linear(["embed_tokens.weight"], weight=self.embed_tokens) if tied
                         else linear(["lm_head.weight"]))
@@ -141,15 +195,22 @@ class LlamaForCausalLM:
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             layer.kv_cache = kv_cache
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                attn_metadata: Any) -> torch.Tensor:
-        """Final hidden states [num_tokens, hidden_size] of the flattened batch."""
-        hidden = F.embedding(input_ids, self.embed_tokens)
-        cos, sin = self.rotary.lookup(positions)
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: Any,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """Final hidden states [num_tokens, hidden_size] of the flattened batch. positions:
+        [T], or [3, T] with M-RoPE; inputs_embeds (images' embeddings in place) replaces the
+        lookup of input_ids."""
+        hidden = self.embed_input_ids(input_ids) if inputs_embeds is None else inputs_embeds
+        # NOTE: cos / sin looked up once per step per rope table, shared by the layers using it.
+        tables = {id(rotary): rotary.lookup(positions) for rotary in self.rotaries}
         residual = None
         for layer in self.layers:
-            hidden, residual = layer.forward(hidden, residual, cos, sin, attn_metadata)
+            hidden, residual = layer.forward(hidden, residual, *tables[id(layer.rotary)],
+                                             attn_metadata)
         return self.ops.add_rms_norm(hidden, residual, self.norm, self.config.rms_norm_eps)[0]
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embedding(input_ids)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits [rows, vocab] for the rows that need them (sampling, prompt logprobs)."""
