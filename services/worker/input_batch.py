@@ -101,7 +101,10 @@ class InputBatch:
         if output_start is not None:
             assert self.structured_outputs is not None
             self.structured_outputs.add_request(row, sampling.grammar, output_start)
-            self.can_speculate[row] = False
+            # NOTE: a reasoning section's end marker may fall among the drafts, and the
+            # positions after it would need the grammar's mask: such rows do not speculate.
+            if sampling.grammar.reasoning.end_token_ids:
+                self.can_speculate[row] = False
 
     def remove_request(self, handle: int) -> None:
         row = self.handle_to_row.pop(handle, None)
@@ -154,7 +157,7 @@ class InputBatch:
             keep[deferred] = False
         if not keep.all():
             rows, token_ids = rows[keep], token_ids[keep]
-        self.token_ids[rows, self.num_tokens[rows] + _offsets_in_runs(rows)] = token_ids
+        self.token_ids[rows, self.num_tokens[rows] + offsets_in_runs(rows)] = token_ids
         np.add.at(self.num_tokens, rows, 1)
         if self.structured_outputs is not None:
             self.structured_outputs.accept_tokens(rows, token_ids)
@@ -186,12 +189,10 @@ class InputBatch:
         # logprobs before; recomputing its prompt must not send them twice.
         wants_prompt_logprobs = sp.prompt_logprobs is not None and not has_outputs
         self.num_prompt_logprobs[row] = sp.prompt_logprobs if wants_prompt_logprobs else NO_LOGPROBS
-        # NOTE: drafts are checked position by position only where sampling at a position
-        # does not depend on the tokens before it in the same step (penalties do), and where
-        # one token's logprobs are reported per step.
-        self.can_speculate[row] = (self.repetition_penalty[row] == 1.0
-                                   and not sp.presence_penalty and not sp.frequency_penalty
-                                   and sp.logprobs is None)
+        # NOTE: drafts are verified where one token's logprobs are reported per step.
+        # Penalties count the drafts before each position (sampling_metadata), and grammars
+        # mask each draft position (structured_outputs), so those rows speculate.
+        self.can_speculate[row] = sp.logprobs is None
         if sp.seed is not None:
             self.generators[row] = torch.Generator(self.device).manual_seed(sp.seed)
         if sp.logit_bias_token_ids:
@@ -211,7 +212,7 @@ def concat_ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return np.repeat(starts - run_starts, counts) + np.arange(total)
 
 
-def _offsets_in_runs(rows: np.ndarray) -> np.ndarray:
+def offsets_in_runs(rows: np.ndarray) -> np.ndarray:
     """Each entry's index within its run of equal consecutive rows (0 for a lone row)."""
     if len(rows) < 2:
         return np.zeros(len(rows), dtype=np.int64)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from services.worker.input_batch import NO_LOGPROBS, InputBatch
+from services.worker.input_batch import NO_LOGPROBS, InputBatch, offsets_in_runs
 from services.worker.structured_outputs import GrammarBitmask
 
 SAMPLING_EPS = 1e-5  # temperatures below this are greedy (vLLM's threshold)
@@ -118,7 +118,10 @@ def _add_penalties(md: SamplingMetadata, batch: InputBatch, rows: np.ndarray, vo
     md.presence_penalty = col(presence)
     md.frequency_penalty = col(frequency)
     num_prompt = batch.num_prompt_tokens[rows]
-    num_output = batch.num_tokens[rows] - num_prompt
+    # A row verifying drafts has a position per draft: each one's output so far includes
+    # the drafts before it (they lie right after the row's known tokens), as it would have
+    # one token at a time.
+    num_output = batch.num_tokens[rows] - num_prompt + offsets_in_runs(rows)
     prompt = np.full((len(rows), max(int(num_prompt.max()), 1)), vocab_size, dtype=np.int64)
     output = np.full((len(rows), max(int(num_output.max()), 1)), vocab_size, dtype=np.int64)
     for i, (row, p, o) in enumerate(zip(rows.tolist(), num_prompt.tolist(), num_output.tolist())):

@@ -16,6 +16,11 @@ batch, and one token bitmask over each step's sampling rows.
   sampler applies them once over the batch, before logprobs (vLLM's order). Then each matcher
   accepts its row's token. The grammar allows EOS only where it may end; a matcher that took
   EOS has terminated, and the scheduler finishes the request on that EOS like any other.
+- Speculative decoding: a row's drafts are cut at the first its grammar refuses, and before
+  one that would end it (`trim_drafts`, when they are proposed); at the next step each draft
+  position is masked by the grammar's state after the drafts before it (accepted, masked,
+  rolled back), so a draft is accepted only where the grammar allows it and every emitted
+  token is one the row would have sampled one at a time.
 - A grammar that cannot go on (it did not compile here, or a dead end allows no token) fails
   its request alone: the row samples unmasked and its token is not reported, which the
   scheduler already turns into an error for that request ("no token for a complete
@@ -116,7 +121,8 @@ class StructuredOutputs:
         self._bitmask[:len(rows)] = -1   # every token allowed, but where a grammar says
         mask = GrammarBitmask(self._bitmask[:len(rows)], [], [])
         live, undecided = [], []
-        for i in constrained:
+        # A row's first sampling position here; its draft positions follow it.
+        for i in (i for i in constrained if i == 0 or rows[i - 1] != rows[i]):
             row = int(rows[i])
             status = self._prepare(row, token_ids[row, :num_tokens[row]])
             if status is _Status.LIVE:
@@ -134,6 +140,7 @@ class StructuredOutputs:
                 self._bitmask[i] = -1   # sampled unmasked, not reported
                 self._fail(int(rows[i]), "its grammar allows no token here: no output can "
                                          "complete it", is_dead_end=True)
+            live += self._fill_draft_positions(rows, live, token_ids, num_tokens)
         mask.failed = [i for i in constrained if self._rows[int(rows[i])].failure is not None]
         mask.rejections = {i: state.failure for i in mask.failed
                            if (state := self._rows[int(rows[i])]).is_dead_end and state.failure}
@@ -141,7 +148,8 @@ class StructuredOutputs:
         return mask
 
     def accept_tokens(self, rows: np.ndarray, token_ids: np.ndarray) -> None:
-        """Advances the matchers of the constrained `rows` by their sampled tokens."""
+        """Advances the matchers of the constrained `rows` by their sampled tokens (a row
+        that accepted drafts appears once per token, in order)."""
         if not self._rows:
             return
         pairs = [(state.matcher, token) for row, token in zip(rows.tolist(), token_ids.tolist())
@@ -149,10 +157,45 @@ class StructuredOutputs:
                  and state.matcher is not None]
         if not pairs:
             return
-        accepted = xgr.BatchGrammarMatcher.batch_accept_token([m for m, _ in pairs],
-                                                              [t for _, t in pairs])
+        matchers = [m for m, _ in pairs]
+        if len({id(m) for m in matchers}) == len(matchers):
+            accepted = xgr.BatchGrammarMatcher.batch_accept_token(matchers,
+                                                                  [t for _, t in pairs])
+        else:   # one matcher takes several tokens: in order
+            accepted = [matcher.accept_token(token) for matcher, token in pairs]
         if not all(accepted):
             raise GrammarMismatch("a sampled token escaped its row's grammar mask")
+
+    def trim_drafts(self, rows: np.ndarray, num_drafts: np.ndarray, token_ids: np.ndarray,
+                    num_tokens: np.ndarray) -> np.ndarray:
+        """The drafts each of `rows` keeps (they lie after its `num_tokens` in `token_ids`):
+        a constrained row's are cut at the first its grammar refuses, and before one that
+        ends it (the position after an ending has no mask to sample under). A row whose
+        grammar is not live (compiling, failed) keeps none."""
+        if not self._rows:
+            return num_drafts
+        kept = num_drafts.copy()
+        for i in np.flatnonzero(num_drafts).tolist():
+            row = int(rows[i])
+            if (state := self._rows.get(row)) is None:
+                continue
+            matcher = state.matcher
+            if matcher is None or state.failure is not None:
+                kept[i] = 0
+                continue
+            start = int(num_tokens[row])
+            valid = 0
+            for token in token_ids[row, start:start + int(num_drafts[i])].tolist():
+                if not matcher.accept_token(token):
+                    break
+                if matcher.is_terminated():
+                    matcher.rollback(1)
+                    break
+                valid += 1
+            if valid:
+                matcher.rollback(valid)
+            kept[i] = valid
+        return kept
 
     def wait_compiled(self, timeout_s: float | None = None) -> None:
         """Until every row's grammar has compiled (or failed). For benchmarks and tests: a
@@ -194,6 +237,35 @@ class StructuredOutputs:
             self._fail(row, "its earlier output breaks its grammar")
             return _Status.FAILED
         return _Status.LIVE
+
+    def _fill_draft_positions(self, rows: np.ndarray, live: list[int], token_ids: np.ndarray,
+                              num_tokens: np.ndarray) -> list[int]:
+        """Masks the draft positions after each live row's first (`live`): position j by the
+        grammar after drafts 0..j-1, which the matcher takes and then gives back. Returns
+        the positions masked. A draft the grammar refuses (trim_drafts keeps none) is never
+        sampled there, so it is rejected and no later position is emitted: theirs stay
+        unmasked."""
+        masked = []
+        for first in live:
+            row = int(rows[first])
+            state = self._rows[row]
+            end = first + 1
+            while end < len(rows) and rows[end] == row:
+                end += 1
+            if end == first + 1 or state.failure is not None:
+                continue
+            assert state.matcher is not None
+            start = int(num_tokens[row])
+            taken = 0
+            for token in token_ids[row, start:start + end - first - 1].tolist():
+                if not state.matcher.accept_token(token):
+                    break
+                taken += 1
+                state.matcher.fill_next_token_bitmask(self._bitmask, first + taken)
+                masked.append(first + taken)
+            if taken:
+                state.matcher.rollback(taken)
+        return masked
 
     def _fill_undecided(self, row: int, index: int, tokens: np.ndarray) -> None:
         """The mask of a row whose output may still open a reasoning section: the grammar's

@@ -1,6 +1,6 @@
 """Speculative decoding on the real mesh: with n-gram or suffix drafts, greedy (and seeded)
 output is the output without them, one request at a time and eight at once (prefix hits
-among them), through preemption, and the scheduler counts drafts and acceptances under
+among them), with a JSON schema and with penalties, through preemption, and the scheduler counts drafts and acceptances under
 vLLM's metric names; with a draft model, greedy output three requests at once."""
 
 from __future__ import annotations
@@ -91,6 +91,37 @@ def test_seeded_sampling_equals_the_output_without_speculation(mesh: Mesh,
     sampling = {"temperature": 0.8, "top_p": 0.95, "seed": 11}
     plain = complete_all(mesh, PROMPTS[:3], 1, **sampling)
     assert complete_all(spec_mesh, PROMPTS[:3], 3, **sampling) == plain
+
+
+RECORD_SCHEMA = {"type": "object", "additionalProperties": False,
+                 "properties": {"name": {"type": "string"}, "born": {"type": "integer"},
+                                "field": {"type": "string"}, "city": {"type": "string"}},
+                 "required": ["name", "born", "field", "city"]}
+
+
+def constrained_and_penalised(mesh: Mesh) -> tuple[str, list[str]]:
+    """A JSON-schema answer re-emitting a record (drafts checked against the grammar), and
+    penalised completions (each draft position penalised for the drafts before it)."""
+    with openai.OpenAI(base_url=f"{mesh.base_url}/v1", api_key="x", max_retries=0,
+                       timeout=300) as client:
+        model = client.models.list().data[0].id
+        record = client.chat.completions.create(
+            model=model, temperature=0, max_tokens=96,
+            messages=[{"role": "user", "content": PROMPTS[0]}],
+            response_format={"type": "json_schema",
+                             "json_schema": {"name": "record", "schema": RECORD_SCHEMA}})
+        penalised = [client.completions.create(
+            model=model, prompt=prompt, max_tokens=48, temperature=0, presence_penalty=0.4,
+            frequency_penalty=0.3, extra_body={"repetition_penalty": 1.1}).choices[0].text
+            for prompt in PROMPTS[:3]]
+        return record.choices[0].message.content or "", penalised
+
+
+def test_constrained_and_penalised_output_equals_the_output_without_speculation(
+        mesh: Mesh, spec_mesh: Mesh) -> None:
+    plain = constrained_and_penalised(mesh)
+    assert constrained_and_penalised(spec_mesh) == plain
+    assert set(json.loads(plain[0])) == set(RECORD_SCHEMA["required"])
 
 
 @pytest.fixture(scope="module")

@@ -227,6 +227,26 @@ def test_penalties_and_logit_bias_match_reference() -> None:
         assert torch.allclose(got[i], want, atol=1e-6), i
 
 
+def test_each_draft_position_is_penalised_for_the_drafts_before_it() -> None:
+    """A row verifying drafts samples at 1 + drafts positions; position j sees the output a
+    one-token-at-a-time decode would have: the known output plus drafts 0..j-1."""
+    prompt, output, drafts = [3, 4], [5, 6], [6, 9, 9]
+    sp = wire.SamplingParams(repetition_penalty=1.5, presence_penalty=0.5, frequency_penalty=0.3)
+    batch = InputBatch(1, 64, 4, [EOS], torch.device("cpu"))
+    batch.add_request(wire.NewRequestData(handle=0, token_ids=pack_int32(prompt + output),
+                                          num_prompt_tokens=len(prompt),
+                                          block_ids=pack_int32([1]), sampling=sp))
+    row = int(batch.rows_of([0])[0])
+    batch.token_ids[row, 4:7] = drafts   # where the proposer writes them
+    md = build_sampling_metadata(batch, np.repeat(row, 4), VOCAB, torch.device("cpu"))
+    logits = random_logits(1, seed=3).repeat(4, 1)
+    got = logits.clone()
+    apply_logits_processing(got, md)
+    for j in range(4):
+        want = _ref_penalties(logits[j], prompt, output + drafts[:j], 1.5, 0.5, 0.3)
+        assert torch.allclose(got[j], want, atol=1e-6), j
+
+
 def test_min_tokens_masks_eos_and_stop_ids_until_reached() -> None:
     stop = pack_int32([11])
     params = [wire.SamplingParams(min_tokens=2, stop_token_ids=stop),

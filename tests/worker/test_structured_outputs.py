@@ -2,8 +2,7 @@
 logprobs, matchers rebuilt from a request's tokens after preemption or a move, and rows whose
 grammar still compiles deferred while the step goes on.
 
-A tiny random model (vocabulary 256) with a character-level tokenizer saved beside it: fast,
-offline, and every token's text is known.
+A tiny random model with a character-level tokenizer (char_model.py).
 """
 
 from __future__ import annotations
@@ -17,8 +16,6 @@ import numpy as np
 import pytest
 import torch
 import xgrammar as xgr
-from tokenizers import Tokenizer, models
-from transformers import PreTrainedTokenizerFast
 
 from services.common import wire
 from services.common.grammar.grammar_cache import GrammarCache
@@ -30,47 +27,16 @@ from services.worker.structured_outputs import (
     apply_bitmask,
     load_tokenizer_info,
 )
+from tests.worker.char_model import EOS, PIECES, compile_when_added, save_char_model
 from tests.worker.driver import StepDriver
-from tests.worker.tiny_models import save_tiny_model
 
-EOS = 2
 PROMPT = [5, 17, 33, 60, 71, 90, 101, 120, 7]
 REGEX = r"(ab|cd|[0-9]){3,6}x"
 
 
-def char_pieces() -> list[str]:
-    """Ids 0-2 are <unk> <s> </s> (EOS = 2, as the tiny model's), then printable ASCII
-    characters, then a few multi-character pieces, up to 256 ids."""
-    pieces = ["<unk>", "<s>", "</s>"] + [chr(c) for c in range(32, 127)]
-    pieces += ["ab", "cd", "abcd", '{"', '":', '",', '"}', "true", "false", "null", "12", "34"]
-    return pieces + [f"w{i}" for i in range(256 - len(pieces))]
-
-
-PIECES = char_pieces()
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("tiny-llama-grammar")
-    save_tiny_model("llama", directory)
-    core = Tokenizer(models.WordLevel({p: i for i, p in enumerate(PIECES)}, unk_token="<unk>"))
-    PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<s>",
-                            eos_token="</s>").save_pretrained(directory)
-    return directory
-
-
-def compile_when_added(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each grammar compiles when its row is added, so the model tests that are about masks
-    see the same steps on any machine; the tests of a compile still running hold one
-    instead."""
-    get = GrammarCache.get
-
-    def get_compiled(cache: GrammarCache, spec: wire.GrammarSpec) -> Future[xgr.CompiledGrammar]:
-        future = get(cache, spec)
-        future.exception()   # waits for it
-        return future
-
-    monkeypatch.setattr(GrammarCache, "get", get_compiled)
+    return save_char_model(tmp_path_factory.mktemp("tiny-llama-grammar"))
 
 
 @pytest.fixture

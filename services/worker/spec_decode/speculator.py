@@ -38,6 +38,10 @@ class Speculator:
             batch.num_tokens[rows] - batch.num_prompt_tokens[rows] >= batch.min_tokens[rows])
         batch.num_draft_tokens[rows] = 0
         num_drafts = self.proposer.propose(batch, rows[eligible])
+        if batch.structured_outputs is not None:
+            num_drafts = batch.structured_outputs.trim_drafts(
+                rows[eligible], num_drafts, batch.token_ids, batch.num_tokens)
+            batch.num_draft_tokens[rows[eligible]] = num_drafts
         drafted = num_drafts > 0
         if drafted.any():
             out.draft_handles = pack_int32(handles[eligible][drafted])
