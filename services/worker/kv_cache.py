@@ -56,23 +56,27 @@ def kv_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype
 
 
 def num_blocks_for_budget(spec: KVCacheSpec, budget_bytes: int, max_model_len: int,
-                          max_num_seqs: int, is_default_budget: bool) -> int:
+                          max_num_seqs: int, is_default_budget: bool,
+                          shared_bytes_per_block: int = 0) -> int:
     """Blocks (null block included) that fit in budget_bytes; refuses a budget too small.
 
     A default budget (a fraction of RAM) is capped at what max_num_seqs requests of
     max_model_len tokens could ever use; an explicit one is taken as given.
+    shared_bytes_per_block: what another cache indexed by the same block ids (a draft
+    model's) takes per block out of the same budget.
     """
     blocks_per_request = math.ceil(max_model_len / spec.block_size)
-    num_blocks = budget_bytes // spec.bytes_per_block
+    bytes_per_block = spec.bytes_per_block + shared_bytes_per_block
+    num_blocks = budget_bytes // bytes_per_block
     if is_default_budget:
         num_blocks = min(num_blocks, max_num_seqs * blocks_per_request + NUM_NULL_BLOCKS)
     if num_blocks - NUM_NULL_BLOCKS < blocks_per_request:
-        needed = (blocks_per_request + NUM_NULL_BLOCKS) * spec.bytes_per_block
+        needed = (blocks_per_request + NUM_NULL_BLOCKS) * bytes_per_block
         raise KVCacheTooSmallError(
             f"the KV cache budget ({_gib(budget_bytes)}) holds "
             f"{max(num_blocks - NUM_NULL_BLOCKS, 0) * spec.block_size} tokens, fewer than one "
             f"request of max_model_len={max_model_len} tokens needs ({_gib(needed)} at "
-            f"{spec.bytes_per_token} bytes per token): raise --kv-cache-memory (or "
+            f"{bytes_per_block // spec.block_size} bytes per token): raise --kv-cache-memory (or "
             f"--gpu-memory-utilization), lower --max-model-len, or use --kv-cache-dtype fp8")
     return int(num_blocks)
 

@@ -47,6 +47,7 @@ from services.worker.multimodal import RunnerMultiModal, enable_multimodal
 from services.worker.parallel.ranks import TensorParallelModel, TensorParallelRanks, pin_rank_cores
 from services.worker.sampler import Sampler
 from services.worker.sampling_metadata import build_sampling_metadata
+from services.worker.spec_decode.draft_model_proposer import draft_kv_bytes_per_block
 from services.worker.spec_decode.speculator import Speculator
 from services.worker.spec_decode.verifier import DraftVerifier
 from services.worker.step_batch import StepBatch, dummy_step_batch, prepare_step_batch
@@ -257,7 +258,8 @@ class ModelRunner:
                 config.kv_cache_memory_fraction * available_cpu_memory())
         is_default_budget = memory_before_load is None and config.kv_cache_memory is None
         return num_blocks_for_budget(self.kv_spec, budget, self.max_model_len,
-                                     config.max_num_seqs, is_default_budget)
+                                     config.max_num_seqs, is_default_budget,
+                                     draft_kv_bytes_per_block(config))
 
     @torch.inference_mode()
     def _profile_peak_bytes(self) -> int:

@@ -88,3 +88,16 @@ def test_a_draft_that_cannot_serve_the_target_is_refused(
         (tmp_path / "config.json").write_text(json.dumps({**config, **edit}))
     with pytest.raises(ValueError, match=error):
         make_runner(model_dir, draft_config(tmp_path))
+
+
+def test_the_draft_kv_comes_out_of_the_kv_budget(model_dir: Path,
+                                                 draft_model_dir: Path) -> None:
+    """Both caches are indexed by the same block ids: one block count fits both in the
+    budget (make_runner's 2 MiB)."""
+    plain = make_runner(model_dir, None)
+    drafted = make_runner(model_dir, draft_config(draft_model_dir))
+    # The draft (conftest.DRAFT_SHAPE): 1 layer, 1 KV head of 32 / 2 = 16 dims, fp32, K and V.
+    draft_bytes_per_block = 2 * 1 * 1 * 16 * 4 * plain.block_size
+    target_bytes_per_block = plain.kv_spec.bytes_per_block
+    assert plain.info.num_blocks == 2**21 // target_bytes_per_block
+    assert drafted.info.num_blocks == 2**21 // (target_bytes_per_block + draft_bytes_per_block)

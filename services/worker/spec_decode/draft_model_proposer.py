@@ -10,9 +10,10 @@ the whole context of a new row, chunked by the step token budget), whose last lo
 the first draft; then one-token passes give the others. Every pass is a varlen batch from
 prepare_step_batch over all pending rows.
 
-NOTE (memory): the runner sizes the target's KV cache before the speculator exists, so the
-draft's weights and KV come on top of that budget (the draft's KV per block is its share of
-the target's: layers x KV heads x head size).
+NOTE (memory): the draft's KV comes out of the target's KV budget: the runner sizes one
+block count for both caches (draft_kv_bytes_per_block), as they share block ids. The
+draft's weights and a few scratch blocks per row come on top of it; on an accelerator its
+weights are not in the profiled peak either (they load after it).
 
 NOTE (cost): k forward passes of the draft per step (the first carries the catch-up), each
 ending in a host sync for the argmax, since the next pass reads its tokens from numpy. No
@@ -122,6 +123,18 @@ class DraftModelProposer(Proposer):
         logits = self.model.compute_logits(hidden[step_batch.logits_indices])
         draft_batch.append(step_batch.rows[step_batch.sampling_index],
                            logits.argmax(dim=-1).cpu().numpy())
+
+
+def draft_kv_bytes_per_block(config: RunnerConfig) -> int:
+    """What the draft model's KV takes per block of the target's (0 without a draft
+    model), read from its config before anything loads."""
+    spec = config.speculative_config
+    if spec is None or spec.method != "draft_model" or spec.model is None:
+        return 0
+    model_dir = resolve_model(spec.model).hf_dir
+    draft_config = replace(config, model_dir=model_dir, speculative_config=None,
+                           tensor_parallel_size=1)
+    return kv_cache_spec(draft_config, ModelConfig.from_hf_dir(model_dir)).bytes_per_block
 
 
 def _check_compatible(draft: ModelConfig, info: RunnerInfo, name: str) -> None:
