@@ -12,8 +12,9 @@ import time
 from collections.abc import Callable, Iterable
 
 from services.common.block_hash import BlockHasher
+from services.scheduler.core.admission import check_admission, check_fits
 from services.scheduler.core.config import SchedulerConfig
-from services.scheduler.core.errors import AdmissionRejected, RequestTooLong
+from services.scheduler.core.errors import RequestTooLong
 from services.scheduler.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from services.scheduler.core.kv_connector import SchedulerKVConnector
 from services.scheduler.core.kv_events import KVCacheEvent
@@ -36,8 +37,6 @@ from services.scheduler.core.spec_decode import (
 from services.scheduler.core.stop_checker import append_output_tokens
 
 _INT32_MAX = 2**31 - 1
-# NOTE: a fixed hint; the queue drains at a rate the core does not measure.
-_RETRY_AFTER_S = 1.0
 RUNNING = RequestStatus.RUNNING
 LOADING = RequestStatus.WAITING_FOR_REMOTE_KVS
 
@@ -107,7 +106,7 @@ class Scheduler:
             raise ValueError("this engine serves no LoRA adapters (start its worker with "
                              "--enable-lora)")
         self._check_fits(request)
-        self._check_admission(request)
+        check_admission(request, self.config, len(self.waiting), self._num_waiting_tokens)
         if self.block_hasher is not None and request.block_hasher is None:
             request.attach_block_hasher(self.block_hasher)
         request.handle = self._new_handle()
@@ -119,32 +118,8 @@ class Scheduler:
         self._num_waiting_tokens += request.num_tokens
 
     def _check_fits(self, request: Request) -> None:
-        total = request.num_prompt_tokens + request.max_tokens
-        if total > self.max_model_len:
-            raise RequestTooLong(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, "
-                f"you requested {total} tokens ({request.num_prompt_tokens} in the messages, "
-                f"{request.max_tokens} in the completion). Please reduce the length of the "
-                f"messages or completion.")
-        num_blocks = -(-total // self.block_size)
-        if num_blocks > self.kv_cache_manager.num_usable_blocks:
-            raise RequestTooLong(
-                f"The request needs {total} tokens of KV cache ({num_blocks} blocks) but the "
-                f"engine holds {self.kv_cache_manager.num_usable_blocks * self.block_size} "
-                f"tokens. Please reduce the length of the messages or completion.")
-
-    def _check_admission(self, request: Request) -> None:
-        max_reqs = self.config.max_num_queued_reqs
-        if max_reqs is not None and len(self.waiting) >= max_reqs:
-            raise AdmissionRejected(f"the engine's waiting queue is full ({max_reqs} requests)",
-                                    _RETRY_AFTER_S)
-        max_tokens = self.config.max_num_queued_tokens
-        # NOTE: an empty queue admits any one request, so a large prompt is not refused forever.
-        if (max_tokens is not None and self._num_waiting_tokens > 0
-                and self._num_waiting_tokens + request.num_tokens > max_tokens):
-            raise AdmissionRejected(
-                f"the engine's waiting queue is full ({self._num_waiting_tokens} tokens queued, "
-                f"limit {max_tokens})", _RETRY_AFTER_S)
+        check_fits(request, self.max_model_len, self.block_size,
+                   self.kv_cache_manager.num_usable_blocks)
 
     def _new_handle(self) -> int:
         while True:
