@@ -1,11 +1,20 @@
-"""Creating the JetStream streams and KV buckets the mesh keeps: whoever comes first creates
-one, and creating what exists is a no-op."""
+"""Creating the JetStream streams and KV buckets the mesh keeps (whoever comes first creates
+one, and creating what exists is a no-op), and telling a transient JetStream failure from a
+real one."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import nats.errors
 import nats.js.errors as js_errors
 from nats.js import JetStreamContext, api
 from nats.js.kv import KeyValue
+
+T = TypeVar("T")
 
 
 async def ensure_window_stream(js: JetStreamContext, name: str, subjects: list[str],
@@ -30,3 +39,32 @@ async def ensure_key_value(js: JetStreamContext, bucket: str, ttl_s: float | Non
     except js_errors.BucketNotFoundError:
         return await js.create_key_value(bucket=bucket, history=1, ttl=ttl_s,
                                          replicas=replicas)
+
+
+# What NATS raises while a node is down or a JetStream stream elects a new leader (the
+# replicas answer 500 "not leader" / "stream offline" and 503 until one is elected): the
+# same call may succeed moments later.
+_TRANSIENT = (nats.errors.TimeoutError, nats.errors.NoRespondersError,
+              nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError,
+              js_errors.ServiceUnavailableError, js_errors.ServerError)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for a NATS or JetStream failure that a retry shortly after may not meet."""
+    return isinstance(exc, _TRANSIENT) or (
+        type(exc) is js_errors.APIError and exc.code in (408, 500, 503))
+
+
+async def retry_transient(operation: Callable[[], Awaitable[T]], within_s: float) -> T:
+    """`operation()`, called again on transient failures until `within_s` have passed (the
+    last failure is raised). Only for idempotent operations."""
+    deadline = time.monotonic() + within_s
+    pause_s = 0.1
+    while True:
+        try:
+            return await operation()
+        except nats.errors.Error as exc:
+            if not is_transient(exc) or time.monotonic() + pause_s > deadline:
+                raise
+        await asyncio.sleep(pause_s)
+        pause_s = min(pause_s * 2, 1.0)

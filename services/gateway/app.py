@@ -6,7 +6,6 @@ import asyncio
 from typing import Any
 
 import nats.errors
-import nats.js.errors
 import structlog
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -21,6 +20,7 @@ from services.common.frontend.completions import create_completion
 from services.common.frontend.context import FrontendContext
 from services.common.frontend.errors import ApiError, invalid, unavailable
 from services.common.frontend.lora_registry import LoraRegistry
+from services.common.jetstream import is_transient
 from services.common.frontend.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -36,13 +36,6 @@ from services.gateway.responses_routes import responses_router
 log = structlog.get_logger(__name__)
 VERSION = "0.1.0"
 _OPEN_PATHS = {"/health", "/ready", "/version", "/metrics"}
-# What NATS raises while a node is down or a JetStream stream elects a new leader: the
-# request may succeed when retried, so the client gets 503 + Retry-After, not a 500.
-_TRANSIENT_NATS_ERRORS = (nats.errors.TimeoutError, nats.errors.NoRespondersError,
-                          nats.errors.ConnectionClosedError,
-                          nats.errors.ConnectionReconnectingError,
-                          nats.js.errors.ServiceUnavailableError)
-
 
 def create_app(ctx: FrontendContext, registry: CollectorRegistry) -> FastAPI:
     app = FastAPI(title="LLM Mesh", version=VERSION, docs_url=None, redoc_url=None)
@@ -72,7 +65,8 @@ def create_app(ctx: FrontendContext, registry: CollectorRegistry) -> FastAPI:
 
     @app.exception_handler(nats.errors.Error)
     async def on_nats_error(request: Request, exc: nats.errors.Error) -> Response:
-        if not isinstance(exc, _TRANSIENT_NATS_ERRORS):
+        # A request that may succeed when retried gets 503 + Retry-After, not a 500.
+        if not is_transient(exc):
             return await on_unexpected(request, exc)
         log.warning("NATS did not answer; the client may retry", path=request.url.path,
                     error=repr(exc))

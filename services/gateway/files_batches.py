@@ -35,12 +35,14 @@ from services.common.frontend.auth import owner_of
 from services.common.frontend.context import FrontendContext
 from services.common.frontend.errors import ApiError, invalid
 from services.common.frontend.responses import list_page
+from services.common.jetstream import retry_transient
 from services.gateway.body import parse_body
 from services.gateway.storage_plane import StoragePlane
 
 BatchPlane = StoragePlane[BatchStore]
 MAX_FILE_BYTES = 200 * 1024 * 1024   # OpenAI's limit for a batch input file
 MULTIPART_OVERHEAD_BYTES = 64 * 1024
+WRITE_RETRY_S = 10.0   # how long a batch's creation waits out a JetStream failover
 CANCELLABLE = frozenset({"validating", "in_progress"})
 
 
@@ -125,9 +127,12 @@ def files_batches_router(ctx: FrontendContext) -> APIRouter:
                        completion_window=body.completion_window, metadata=body.metadata,
                        owner=owner_of(request))
         # Queued first: a record never exists without its job (a runner creates the same
-        # record from the job if it gets there first).
-        await store.submit(job)
-        return (await store.create_record(BatchRecord.from_job(job))).api_object()
+        # record from the job if it gets there first). Both writes are idempotent, so a
+        # JetStream stream electing a leader (a node lost or just back) is waited out.
+        await retry_transient(lambda: store.submit(job), WRITE_RETRY_S)
+        record = await retry_transient(lambda: store.create_record(BatchRecord.from_job(job)),
+                                       WRITE_RETRY_S)
+        return record.api_object()
 
     @router.get("/v1/batches/{batch_id}")
     async def retrieve_batch(request: Request, batch_id: str) -> dict[str, Any]:

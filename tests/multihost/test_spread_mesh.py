@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -55,6 +56,16 @@ def spread(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SpreadMes
             yield mesh, [front, back_1, back_2]
         finally:
             mesh.stop()
+
+
+@pytest.fixture(autouse=True)
+def logs_on_failure(request: pytest.FixtureRequest,
+                    spread: tuple[SpreadMesh, list[Host]]) -> Iterator[None]:
+    """A failed test shows the services' logs (a 500's cause is in the gateway's)."""
+    failed_before = request.session.testsfailed
+    yield
+    if request.session.testsfailed > failed_before:
+        print(spread[0].logs(), file=sys.stderr)
 
 
 def client_of(mesh: SpreadMesh) -> openai.OpenAI:
