@@ -42,11 +42,13 @@ async def ensure_key_value(js: JetStreamContext, bucket: str, ttl_s: float | Non
 
 
 # What NATS raises while a node is down or a JetStream stream elects a new leader (the
-# replicas answer 500 "not leader" / "stream offline" and 503 until one is elected): the
-# same call may succeed moments later.
+# replicas answer 500 "not leader" / "stream offline" and 503 until one is elected; a
+# publish meets no responders while a rejoined node learns where the stream is): the same
+# call may succeed moments later.
 _TRANSIENT = (nats.errors.TimeoutError, nats.errors.NoRespondersError,
               nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError,
-              js_errors.ServiceUnavailableError, js_errors.ServerError)
+              js_errors.ServiceUnavailableError, js_errors.ServerError,
+              js_errors.NoStreamResponseError)
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -16,6 +16,7 @@ from services.common.jetstream import is_transient, retry_transient
     js_errors.ServiceUnavailableError(code=503),
     js_errors.ServerError(code=500, err_code=10009, description="JetStream not leader"),
     js_errors.APIError(code=408, description="Request Timeout"),
+    js_errors.NoStreamResponseError(),   # a publish before the stream's interest is known
 ])
 def test_failover_errors_are_transient(exc: Exception) -> None:
     assert is_transient(exc)
