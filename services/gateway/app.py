@@ -20,13 +20,13 @@ from services.common.frontend.completions import create_completion
 from services.common.frontend.context import FrontendContext
 from services.common.frontend.errors import ApiError, invalid, unavailable
 from services.common.frontend.lora_registry import LoraRegistry
-from services.common.jetstream import is_transient
 from services.common.frontend.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
 )
+from services.common.jetstream import is_transient
 from services.common.packing import pack_int32, unpack_int32
 from services.gateway.body import parse_body
 from services.gateway.files_batches import files_batches_router
