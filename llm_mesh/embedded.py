@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import platform
+import random
 import shutil
 import socket
 import subprocess
@@ -20,14 +21,41 @@ def free_port(host: str = "127.0.0.1") -> int:
     return free_ports(1, host)[0]
 
 
+# Ports handed out by this process, so two callers never get the same one before binding it.
+_handed_out: set[int] = set()
+
+
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """`count` distinct free ports: each socket stays bound until all are chosen, so the OS
-    cannot hand one out twice."""
+    """`count` distinct ports free now, for servers started a moment later. They come from
+    outside the kernel's ephemeral range: a port the OS picked with bind(0) can be taken by
+    any outgoing connection before our server binds it (a worker's health port once lost
+    that race in CI)."""
+    low, high = _ephemeral_range()
+    candidates = [p for p in range(10_240, 65_536) if not low <= p <= high]
+    chosen: list[int] = []
     with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in sockets:
-            sock.bind((host, 0))
-        return [sock.getsockname()[1] for sock in sockets]
+        for _ in range(10_000):
+            port = random.choice(candidates)
+            if port in _handed_out or port in chosen:
+                continue
+            sock = stack.enter_context(socket.socket())
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            chosen.append(port)
+            if len(chosen) == count:
+                _handed_out.update(chosen)
+                return chosen
+    raise RuntimeError(f"no {count} free ports on {host} outside the ephemeral range")
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32_768, 60_999       # Linux's default; other systems use 49152-65535
 
 
 def wait_for_port(host: str, port: int, timeout_s: float, process: subprocess.Popen | None = None,

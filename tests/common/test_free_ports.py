@@ -1,0 +1,41 @@
+"""Ports for test and embedded servers come from outside the kernel's ephemeral range, so no
+outgoing connection can take one between choosing it and the server binding it."""
+
+from __future__ import annotations
+
+import socket
+
+from llm_mesh import embedded
+from llm_mesh.embedded import _ephemeral_range, free_port, free_ports
+
+
+def test_ports_are_outside_the_ephemeral_range_and_bindable() -> None:
+    low, high = _ephemeral_range()
+    ports = free_ports(20)
+    assert len(set(ports)) == 20
+    for port in ports:
+        assert not low <= port <= high
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
+
+
+def test_a_port_is_never_handed_out_twice() -> None:
+    seen = [free_port() for _ in range(200)] + free_ports(50)
+    assert len(set(seen)) == len(seen)
+
+
+def test_a_port_someone_holds_is_skipped(monkeypatch) -> None:
+    # Leave ten candidates (65526-65535), hold five of them: the other five come back.
+    monkeypatch.setattr(embedded, "_ephemeral_range", lambda: (10_240, 65_525))
+    monkeypatch.setattr(embedded, "_handed_out", set())
+    held = []
+    try:
+        for port in range(65_526, 65_536, 2):
+            sock = socket.socket()
+            held.append(sock)
+            sock.bind(("127.0.0.1", port))
+            sock.listen()
+        assert sorted(free_ports(5)) == list(range(65_527, 65_536, 2))
+    finally:
+        for sock in held:
+            sock.close()
