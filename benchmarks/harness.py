@@ -108,7 +108,7 @@ def serving(command: Sequence[str], url: str, log: Path, env: dict[str, str] | N
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the server is not ready:\n{log.read_text()[-4000:]}")
             time.sleep(0.5)
-        yield
+        yield process
     finally:
         process.send_signal(signal.SIGINT)
         try:
@@ -122,6 +122,7 @@ def serving(command: Sequence[str], url: str, log: Path, env: dict[str, str] | N
 class RunningMesh:
     url: str
     log: Path       # `llm-mesh up --log-format json`: one JSON event a line
+    pid: int        # the launcher's: its children are the services and servers
 
 
 @contextmanager
@@ -131,8 +132,8 @@ def mesh_up(up_args: Sequence[str], log: Path) -> Iterator[RunningMesh]:
     url = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "llm_mesh.cli", "up", "--port", str(port),
                "--log-format", "json", *up_args]
-    with serving(command, url, log):
-        yield RunningMesh(url, log)
+    with serving(command, url, log) as process:
+        yield RunningMesh(url, log, process.pid)
 
 
 def log_events(log: Path) -> Iterator[dict[str, Any]]:

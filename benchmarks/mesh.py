@@ -9,8 +9,8 @@ the other in one invocation, so a comparison is measured in one run on one machi
 
 Each --bench runs in turn against each configuration's mesh. Prints the bench reports, the
 mesh overhead (the share of engine step time spent in NATS messaging and serialization,
-from the scheduler's metrics) and writes JSON results and every service's /metrics under
---out.
+from the scheduler's metrics) and the CPU seconds each process spent during each bench,
+and writes JSON results and every service's /metrics under --out.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
+from benchmarks.cpu_accounting import cpu_use
 from benchmarks.harness import (REPO_ROOT, RunningMesh, bench_serve, mesh_up, metrics_url,
                                 print_preamble, scrape, service_health_urls, sum_of)
 from llm_mesh.bench.metrics import BenchmarkMetrics
@@ -49,8 +50,12 @@ def run_config(label: str, up_args: Sequence[str], benches: Sequence[Sequence[st
     under `out_dir` as `{label}.{index}.json`)."""
     with mesh_up(up_args, out_dir / f"{label}.mesh.log") as mesh:
         print(f"\n### {label}: llm-mesh up {' '.join(up_args)}", flush=True)
-        results = [bench_serve(mesh.url, out_dir / f"{label}.{index}.json", bench_args)
-                   for index, bench_args in enumerate(benches)]
+        results = []
+        for index, bench_args in enumerate(benches):
+            with cpu_use(mesh.pid) as use:
+                results.append(bench_serve(mesh.url, out_dir / f"{label}.{index}.json",
+                                           bench_args))
+            print(f"{label} bench {index}: {use.report()}", flush=True)
         scrape_services(mesh, label, out_dir)
     return results
 
