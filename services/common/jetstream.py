@@ -41,6 +41,10 @@ async def ensure_key_value(js: JetStreamContext, bucket: str, ttl_s: float | Non
                                          replicas=replicas)
 
 
+class EntryNotReadableError(nats.errors.Error):
+    """A KV key exists but its entry cannot be read back yet: a failover in progress."""
+
+
 # What NATS raises while a node is down or a JetStream stream elects a new leader (the
 # replicas answer 500 "not leader" / "stream offline" and 503 until one is elected; a
 # publish meets no responders while a rejoined node learns where the stream is): the same
@@ -48,7 +52,7 @@ async def ensure_key_value(js: JetStreamContext, bucket: str, ttl_s: float | Non
 _TRANSIENT = (nats.errors.TimeoutError, nats.errors.NoRespondersError,
               nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError,
               js_errors.ServiceUnavailableError, js_errors.ServerError,
-              js_errors.NoStreamResponseError)
+              js_errors.NoStreamResponseError, EntryNotReadableError)
 
 
 def is_transient(exc: BaseException) -> bool:

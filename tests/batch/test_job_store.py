@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 
 import nats.errors
+import nats.js.errors as js_errors
 import pytest
 
 from services.common.batch_jobs.records import BatchJob, BatchRecord, FileRecord
 from services.common.batch_jobs.store import BatchStore
+from services.common.jetstream import retry_transient
 
 
 def job(batch_id: str = "batch_1") -> BatchJob:
@@ -25,6 +27,34 @@ async def test_create_record_keeps_the_first(store: BatchStore) -> None:
     assert again.status == "in_progress"
     assert await store.record("batch_missing") is None
     assert await store.record("not a key!") is None
+
+
+class _FailoverRecords:
+    """The records bucket as a client sees it while a stream elects a leader: this call's
+    earlier try landed but its reply was lost, so the create meets the key, and the entry
+    cannot be read back at first (nats-py's create then raises KeyNotFoundError)."""
+
+    def __init__(self, records, unreadable_reads: int) -> None:
+        self._records = records
+        self._unreadable_reads = unreadable_reads
+
+    async def create(self, key: str, value: bytes) -> None:
+        await self._records.create(key, value)          # the try whose reply was lost
+        raise js_errors.KeyNotFoundError
+
+    async def get(self, key: str):
+        if self._unreadable_reads:
+            self._unreadable_reads -= 1
+            raise js_errors.KeyNotFoundError
+        return await self._records.get(key)
+
+
+async def test_create_record_waits_out_an_entry_not_yet_readable(store: BatchStore) -> None:
+    store._records = _FailoverRecords(store._records, unreadable_reads=2)
+    record = BatchRecord.from_job(job("batch_failover"))
+    created = await retry_transient(lambda: store.create_record(record), within_s=10.0)
+    assert created == record
+    assert store._records._unreadable_reads == 0
 
 
 async def test_concurrent_updates_never_lose_a_change(store: BatchStore) -> None:

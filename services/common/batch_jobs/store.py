@@ -24,7 +24,7 @@ from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
 from services.common.batch_jobs.records import BatchJob, BatchRecord, FileRecord
-from services.common.jetstream import ensure_key_value
+from services.common.jetstream import EntryNotReadableError, ensure_key_value
 from services.common.subjects import BATCH_RUNNER_CONSUMER, Subjects
 
 RESULTS_TTL_S = 7 * 24 * 3600  # results only matter until their job is finalized
@@ -109,9 +109,15 @@ class BatchStore:
         try:
             await self._records.create(record.id, record.to_json())
             return record
-        except js_errors.KeyWrongLastSequenceError:
+        except (js_errors.KeyWrongLastSequenceError, js_errors.KeyNotFoundError):
+            # The key exists: a runner created it from the job, or an earlier try of this
+            # call landed and its reply was lost in a failover. (nats-py's create raises
+            # KeyNotFoundError when it cannot read that entry back, as while a stream elects
+            # a leader.) Records are never deleted, so a miss here is that failover.
             existing = await self.record(record.id)
-            assert existing is not None, "a batch record is never deleted"
+            if existing is None:
+                raise EntryNotReadableError(f"batch record {record.id} exists but cannot be "
+                                            f"read yet") from None
             return existing
 
     async def record(self, batch_id: str) -> BatchRecord | None:
