@@ -50,6 +50,7 @@ from services.worker.sampling_metadata import build_sampling_metadata
 from services.worker.spec_decode.draft_model_proposer import draft_kv_bytes_per_block
 from services.worker.spec_decode.speculator import Speculator
 from services.worker.spec_decode.verifier import DraftVerifier
+from services.worker.warm_up import warm_up
 from services.worker.step_batch import StepBatch, dummy_step_batch, prepare_step_batch
 from services.worker.step_output import build_step_output
 from services.worker.structured_outputs import StructuredOutputs, load_tokenizer_info
@@ -127,6 +128,9 @@ class ModelRunner:
         self.kv_fingerprint = kv_fingerprint(config.model_dir, self.kv_spec, config.quantization)
         self.kv_connector: WorkerKVConnector | None = None
         """Moves blocks to / from the kvstore between forward passes; set by the service."""
+        if config.warm_up:
+            with startup.phase("warm-up"):
+                warm_up(self)
 
     def execute(self, step: wire.StepInput) -> wire.StepOutput:
         """Runs one step. Never raises: a failure comes back as StepOutput.error."""

@@ -86,7 +86,8 @@ class WorkerService(Service):
             num_threads=s.num_threads or None, grammar_cache_size=s.grammar_cache_size,
             speculative_config=s.speculative, tensor_parallel_size=s.tensor_parallel_size,
             enable_lora=s.enable_lora, max_loras=s.max_loras, max_lora_rank=s.max_lora_rank,
-            max_cpu_loras=s.max_cpu_loras or None, encoder_cache_size=s.encoder_cache_size)
+            max_cpu_loras=s.max_cpu_loras or None, encoder_cache_size=s.encoder_cache_size,
+            warm_up=True)
 
     def _kv_connector(self, runner: ModelRunner) -> WorkerKVConnector:
         s = self.settings

@@ -43,13 +43,14 @@ CHAT_PROMPTS = [
 
 
 def _runner(dtype: str = "float32", kv_cache_dtype: str = "auto",
-            gguf_blocks: bool = True) -> ModelRunner:
+            gguf_blocks: bool = True, warm_up: bool = False) -> ModelRunner:
     """As the worker runs the embedded model: fp32 steps of a few rows read the GGUF's
     blocks (services/worker/models/gguf_blocks.py) unless `gguf_blocks` is off."""
     return ModelRunner(RunnerConfig(model_dir=resolve_model("").hf_dir, dtype=dtype,
                                     use_gguf_blocks=gguf_blocks,
                                     kv_cache_dtype=kv_cache_dtype, max_model_len=1024,
-                                    kv_cache_memory=256 * 2**20, max_num_seqs=32))
+                                    kv_cache_memory=256 * 2**20, max_num_seqs=32,
+                                    warm_up=warm_up))
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +67,9 @@ def hf_fp32(prompts: list[list[int]]) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def runner() -> ModelRunner:
-    return _runner()
+    # Warmed up as the worker service does: the throwaway request's blocks and row must
+    # leave nothing behind that the tests below would see.
+    return _runner(warm_up=True)
 
 
 def _generate(runner: ModelRunner, prompts: list[list[int]], budget: int = 1 << 30,
@@ -75,6 +78,10 @@ def _generate(runner: ModelRunner, prompts: list[list[int]], budget: int = 1 << 
     handles = [driver.add(p, MAX_NEW_TOKENS, **add_kwargs) for p in prompts]
     outputs = driver.run()
     return [outputs[h] for h in handles]
+
+
+def test_the_warm_up_leaves_no_row_behind(runner: ModelRunner) -> None:
+    assert runner.input_batch.num_reqs == 0
 
 
 def test_prompts_are_varied(prompts: list[list[int]]) -> None:
