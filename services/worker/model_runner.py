@@ -50,10 +50,10 @@ from services.worker.sampling_metadata import build_sampling_metadata
 from services.worker.spec_decode.draft_model_proposer import draft_kv_bytes_per_block
 from services.worker.spec_decode.speculator import Speculator
 from services.worker.spec_decode.verifier import DraftVerifier
-from services.worker.warm_up import warm_up
 from services.worker.step_batch import StepBatch, dummy_step_batch, prepare_step_batch
 from services.worker.step_output import build_step_output
 from services.worker.structured_outputs import StructuredOutputs, load_tokenizer_info
+from services.worker.warm_up import warm_up
 
 log = structlog.get_logger(__name__)
 

@@ -1,6 +1,7 @@
 """A throwaway request run through the worker before it says it is ready, as vLLM's dummy
 run does: the first call of each matrix-product shape has oneDNN create its kernels and the
-allocator grow its pools, and without this that cost lands on the first users' requests.
+allocator grow its pools, a cost the first users' requests would pay otherwise (fp32: 12% of
+a first 910-token prefill; docs/benchmarks.md 10b).
 
 It runs through ModelRunner.execute like any step (prefill chunk, decode, finish) in blocks
 no request holds yet, greedy so it draws nothing from the sampler's generator.
@@ -50,14 +51,16 @@ def warm_up(runner: ModelRunner) -> None:
             cached_num_new_blocks=pack_int32([0]),
             cached_num_computed_tokens=pack_int32([num_tokens + i]),
             num_scheduled_tokens=pack_int32([1])))
-    steps.append(wire.StepInput(step=1 + _NUM_DECODE_STEPS,
-                                finished_handles=pack_int32([_HANDLE])))
     for step in steps:
         out = runner.execute(step)
         if out.error:
             # Not fatal: the weights loaded, and a model that cannot step fails each request
             # with the reason; this says it before the first one.
             log.warning("the warm-up step failed", error=out.error)
-            return
-    log.info("warmed up", prompt_tokens=num_tokens, decode_steps=_NUM_DECODE_STEPS,
-             seconds=round(time.perf_counter() - started, 2))
+            break
+    else:
+        log.info("warmed up", prompt_tokens=num_tokens, decode_steps=_NUM_DECODE_STEPS,
+                 seconds=round(time.perf_counter() - started, 2))
+    # Its row goes whatever happened: no real request may find it.
+    runner.execute(wire.StepInput(step=1 + _NUM_DECODE_STEPS,
+                                  finished_handles=pack_int32([_HANDLE])))
