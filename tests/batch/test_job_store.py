@@ -29,32 +29,39 @@ async def test_create_record_keeps_the_first(store: BatchStore) -> None:
     assert await store.record("not a key!") is None
 
 
-class _FailoverRecords:
-    """The records bucket as a client sees it while a stream elects a leader: this call's
+class _FailoverBucket:
+    """A KV bucket as a client sees it while a stream elects a leader: this call's
     earlier try landed but its reply was lost, so the create meets the key, and the entry
     cannot be read back at first (nats-py's create then raises KeyNotFoundError)."""
 
-    def __init__(self, records, unreadable_reads: int) -> None:
-        self._records = records
+    def __init__(self, bucket, unreadable_reads: int) -> None:
+        self._bucket = bucket
         self._unreadable_reads = unreadable_reads
 
     async def create(self, key: str, value: bytes) -> None:
-        await self._records.create(key, value)          # the try whose reply was lost
+        await self._bucket.create(key, value)          # the try whose reply was lost
         raise js_errors.KeyNotFoundError
 
     async def get(self, key: str):
         if self._unreadable_reads:
             self._unreadable_reads -= 1
             raise js_errors.KeyNotFoundError
-        return await self._records.get(key)
+        return await self._bucket.get(key)
 
 
 async def test_create_record_waits_out_an_entry_not_yet_readable(store: BatchStore) -> None:
-    store._records = _FailoverRecords(store._records, unreadable_reads=2)
+    store._records = _FailoverBucket(store._records, unreadable_reads=2)
     record = BatchRecord.from_job(job("batch_failover"))
     created = await retry_transient(lambda: store.create_record(record), within_s=10.0)
     assert created == record
     assert store._records._unreadable_reads == 0
+
+
+async def test_a_result_saved_in_a_failover_is_kept_and_not_saved_again(
+        store: BatchStore) -> None:
+    store._results = _FailoverBucket(store._results, unreadable_reads=0)
+    assert not await store.save_result("batch_f", "c-1", b"first")   # it has one: its own
+    assert await store.results("batch_f") == {"c-1": b"first"}
 
 
 async def test_concurrent_updates_never_lose_a_change(store: BatchStore) -> None:

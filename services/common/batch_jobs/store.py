@@ -167,7 +167,10 @@ class BatchStore:
         try:
             await self._results.create(f"{batch_id}.{line_key}", entry)
             return True
-        except js_errors.KeyWrongLastSequenceError:
+        except (js_errors.KeyWrongLastSequenceError, js_errors.KeyNotFoundError):
+            # It has one, maybe this call's own earlier try whose reply a failover lost (see
+            # create_record): a progress count short by one until the job's final count,
+            # which reads every result.
             return False
 
     async def results(self, batch_id: str) -> dict[str, bytes]:
