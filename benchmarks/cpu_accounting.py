@@ -28,7 +28,7 @@ class CpuUse:
         parts = []
         for label, seconds in sorted(self.by_process.items(), key=lambda kv: -kv[1]):
             thread = self.busiest_thread.get(label)
-            busiest = f" (busiest thread {thread:.1f})" if thread and label != "bench client" else ""
+            busiest = f" (busiest thread {thread:.1f})" if thread else ""
             parts.append(f"{label} {seconds:.1f}{busiest}")
         total = sum(self.by_process.values())
         return (f"CPU seconds over {self.wall_s:.1f} s of wall time "

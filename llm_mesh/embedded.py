@@ -21,6 +21,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     return free_ports(1, host)[0]
 
 
+_LOWEST_PORT = 10_240    # above the well-known and registered ports most servers use
 # Ports handed out by this process, so two callers never get the same one before binding it.
 _handed_out: set[int] = set()
 
@@ -31,11 +32,13 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     any outgoing connection before our server binds it (a worker's health port once lost
     that race in CI)."""
     low, high = _ephemeral_range()
-    candidates = [p for p in range(10_240, 65_536) if not low <= p <= high]
+    num_below = max(0, low - _LOWEST_PORT)       # candidates below the range, then above it
+    num_candidates = num_below + max(0, 65_535 - high)
     chosen: list[int] = []
     with contextlib.ExitStack() as stack:
-        for _ in range(10_000):
-            port = random.choice(candidates)
+        for _ in range(10_000 if num_candidates else 0):
+            k = random.randrange(num_candidates)
+            port = _LOWEST_PORT + k if k < num_below else high + 1 + k - num_below
             if port in _handed_out or port in chosen:
                 continue
             sock = stack.enter_context(socket.socket())
