@@ -1,11 +1,14 @@
 // Paged attention over the KV cache in place: no gather copy, no padding to the longest context.
 //
 // Each work item (attention_plan.cpp) holds R = query tokens x group rows: the query heads of
-// one KV head. Keys are visited in chunks of kVec tokens; each chunk's K/V rows are found
-// through the block table (fp32 caches are read in place; bf16 / fp16 / fp8 rows are converted
-// to fp32 once, into L1). Per chunk: scores, an online-softmax update (running max and sum per
-// row, accumulators rescaled), then acc += p @ V. Scores come from one of two layouts:
-// - few rows (decodes): dot products, S[row][key], keys in vector lanes;
+// one KV head (a decode item: of every KV head, taken head by head per chunk, so the chunk's
+// cache rows are read whole). Keys are visited in chunks of kVec tokens; each chunk's K/V rows
+// are found through the block table once (fp32 caches are read in place; bf16 / fp16 / fp8
+// rows are converted to fp32 once, into L1). Per chunk: scores, an online-softmax update
+// (running max and sum per row, accumulators rescaled), then acc += p @ V. Scores come from
+// one of two layouts:
+// - few rows (decodes): S[row][key], keys in vector lanes: per row kVec dot-product vectors,
+//   summed by one transpose tree (AVX-512; AVX2 sums each);
 // - R a multiple of kVec (prefill tiles): Q transposed once per item, S[key][row], rows in
 //   lanes, so each score vector is D broadcast-FMAs with no horizontal sums.
 // All math is fp32; the softmax uses Sleef's 1-ulp exp (torch's own).
@@ -64,27 +67,36 @@ void store_row(const Args& a, int token, int head, const float* src, float mul) 
   });
 }
 
-// Row pointers of keys [c0, c0 + n) (padded to kVec with a zero row), as fp32.
-template <typename TC>
-void gather_rows(const Args& a, const int32_t* bt, int kv_head, int c0, int n,
-                 const float** krow, const float** vrow, Scratch& sc) {
-  const TC* kc = reinterpret_cast<const TC*>(a.key_cache);
-  const TC* vc = reinterpret_cast<const TC*>(a.value_cache);
-  for (int t = 0; t < n; ++t) {
-    const int p = c0 + t;
-    TORCH_CHECK(p / a.block_size < a.bt_cols, "key ", p, " is past the block table");
-    const int64_t block = bt[p / a.block_size];
+// Element offsets of keys [c0, c0 + n)'s cache rows (KV head 0): the block table is read once
+// per chunk for every head, with no integer division per key.
+void row_offsets(const Args& a, const int32_t* bt, int c0, int n, int64_t* off) {
+  const int64_t row_elems = static_cast<int64_t>(a.num_kv_heads) * a.head_dim;
+  int block_index = c0 / a.block_size, slot = c0 % a.block_size;
+  for (int t = 0; t < n; ++t, ++slot) {
+    if (slot == a.block_size) slot = 0, ++block_index;
+    TORCH_CHECK(block_index < a.bt_cols, "key ", c0 + t, " is past the block table");
+    const int64_t block = bt[block_index];
     TORCH_CHECK(block >= 0 && block < a.num_blocks, "block ", block, " is outside the cache");
-    const int64_t off = ((block * a.block_size + p % a.block_size) * a.num_kv_heads + kv_head) *
-                        a.head_dim;
+    off[t] = (block * a.block_size + slot) * row_elems;
+  }
+}
+
+// Row pointers of KV head `kv_head` at the rows `off` (n of them, padded to kVec with a zero
+// row), as fp32.
+template <typename TC>
+void gather_rows(const Args& a, const int64_t* off, int kv_head, int n, const float** krow,
+                 const float** vrow, Scratch& sc) {
+  const TC* kc = reinterpret_cast<const TC*>(a.key_cache) + kv_head * a.head_dim;
+  const TC* vc = reinterpret_cast<const TC*>(a.value_cache) + kv_head * a.head_dim;
+  for (int t = 0; t < n; ++t) {
     if constexpr (std::is_same_v<TC, float>) {
-      krow[t] = kc + off;
-      vrow[t] = vc + off;
+      krow[t] = kc + off[t];
+      vrow[t] = vc + off[t];
     } else {
       float* kd = sc.kbuf.data() + t * a.head_dim;
       float* vd = sc.vbuf.data() + t * a.head_dim;
-      row_to_f32(kc + off, kd, a.head_dim, 1.f);
-      row_to_f32(vc + off, vd, a.head_dim, 1.f);
+      row_to_f32(kc + off[t], kd, a.head_dim, 1.f);
+      row_to_f32(vc + off[t], vd, a.head_dim, 1.f);
       krow[t] = kd;
       vrow[t] = vd;
     }
@@ -92,14 +104,37 @@ void gather_rows(const Args& a, const int32_t* bt, int kv_head, int c0, int n,
   for (int t = n; t < kVec; ++t) krow[t] = vrow[t] = sc.zero.data();
 }
 
-void gather(const Args& a, const int32_t* bt, int kv_head, int c0, int n, const float** krow,
+void gather(const Args& a, const int64_t* off, int kv_head, int n, const float** krow,
             const float** vrow, Scratch& sc) {
   MESH_DISPATCH_CACHE_DTYPE(a.cache_dtype, TC, [&] {
-    gather_rows<TC>(a, bt, kv_head, c0, n, krow, vrow, sc);
+    gather_rows<TC>(a, off, kv_head, n, krow, vrow, sc);
   });
 }
 
 inline float soft_capped(float x, float cap) { return cap * std::tanh(x / cap); }
+
+#if defined(CPU_CAPABILITY_AVX512)
+// Lane t of the result = the sum of v[t]'s 16 lanes: 16 horizontal sums in 45 shuffles and
+// adds (a tree of unpack/shuffle + add) instead of 16 x 8 dependent ones.
+inline __m512 transpose_sum16(const __m512* v) {
+  __m512 a[8], b[4], c[2];
+  for (int i = 0; i < 8; ++i) {  // per 128-bit lane: [v0 02, v1 02, v0 13, v1 13]
+    a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                         _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  }
+  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: the lane's sum of v[4i .. 4i + 3]
+    const __m512d x = _mm512_castps_pd(a[2 * i]), y = _mm512_castps_pd(a[2 * i + 1]);
+    b[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  for (int i = 0; i < 2; ++i) {  // 128-bit lanes: [b0 01, b0 23, b1 01, b1 23]
+    c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
+  }
+  return _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88),
+                       _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+}
+#endif
 
 // S[r][t] = q_r . k_t for t < n; -inf where key c0 + t is after row r's last visible key or
 // at or before lo[r] (the window's edge; max_lo: the largest lo).
@@ -107,6 +142,24 @@ template <int NV>
 void scores_rows(const float* q, int rows, const float* const* krow, int n, int c0,
                  const float* pos, const float* lo, int max_lo, float soft_cap, float* s) {
   constexpr int D = NV * kVec;
+#if defined(CPU_CAPABILITY_AVX512)
+  // Keys in lanes: each row's kVec dot products as vectors, summed by one transpose tree.
+  const fVec keys = fVec::arange(static_cast<float>(c0), 1.f);
+  for (int r = 0; r < rows; ++r) {
+    const float* qr = q + r * D;
+    fVec qv[NV];
+    for (int j = 0; j < NV; ++j) qv[j] = fVec::loadu(qr + j * kVec);
+    __m512 acc[kVec];
+    for (int t = 0; t < kVec; ++t) {
+      fVec a = qv[0] * fVec::loadu(krow[t]);
+      for (int j = 1; j < NV; ++j) a = at::vec::fmadd(qv[j], fVec::loadu(krow[t] + j * kVec), a);
+      acc[t] = a;
+    }
+    // Keys past n are the zero row: masked with those after the row's position.
+    const fVec limit(std::min(pos[r], static_cast<float>(c0 + n - 1)));
+    fVec::blendv(fVec(transpose_sum16(acc)), fVec(kNegInf), keys > limit).store(s + r * kVec);
+  }
+#else
   for (int t = 0; t < n; ++t) {
     fVec k[NV];
     for (int j = 0; j < NV; ++j) k[j] = fVec::loadu(krow[t] + j * kVec);
@@ -118,6 +171,7 @@ void scores_rows(const float* q, int rows, const float* const* krow, int n, int 
     }
   }
   for (int r = 0; r < rows; ++r) std::fill(s + r * kVec + n, s + (r + 1) * kVec, kNegInf);
+#endif
   // NOTE: a second pass, only where a cap or a window edge applies: in the loop above the
   // extra tests cost plain decodes ~18% (measured, 32 x 1024 keys, 1 thread).
   if (soft_cap == 0.f && c0 > max_lo) return;
@@ -133,8 +187,10 @@ void scores_rows(const float* q, int rows, const float* const* krow, int n, int 
   }
 }
 
-void softmax_rows(float* s, int rows, Scratch& sc) {
-  for (int r = 0; r < rows; ++r) {
+// Rows [r0, r0 + rows) of the online softmax; s holds their scores from row r0 on.
+void softmax_rows(float* s, int r0, int rows, Scratch& sc) {
+  s -= r0 * kVec;
+  for (int r = r0; r < r0 + rows; ++r) {
     const fVec sv = fVec::loadu(s + r * kVec);
     const float m_new = std::max(sc.m[r], hmax(sv));
     if (m_new == kNegInf) {  // nothing visible yet: keep the row empty
@@ -228,6 +284,14 @@ void accumulate_v(float* acc, int rows, const float* p, int sr, int st,
   }
 }
 
+// Zeroes the accumulators of `rows` rows and starts the online softmax of `rows_p` (max -inf,
+// sum 0).
+void start_rows(Scratch& sc, int rows, int rows_p, int d) {
+  std::fill(sc.acc.begin(), sc.acc.begin() + rows * d, 0.f);
+  std::fill(sc.m.begin(), sc.m.begin() + rows_p, kNegInf);
+  std::fill(sc.l.begin(), sc.l.begin() + rows_p, 0.f);
+}
+
 template <int NV>
 void run_item(const Args& a, const int32_t* it, Scratch& sc) {
   constexpr int D = NV * kVec;
@@ -258,16 +322,16 @@ void run_item(const Args& a, const int32_t* it, Scratch& sc) {
       std::copy(qr, qr + D, sc.q.data() + r * D);
     }
   }
-  std::fill(sc.acc.begin(), sc.acc.begin() + rows * D, 0.f);
-  std::fill(sc.m.begin(), sc.m.begin() + rows_p, kNegInf);
-  std::fill(sc.l.begin(), sc.l.begin() + rows_p, 0.f);
+  start_rows(sc, rows, rows_p, D);
   const int32_t* bt = a.block_table + it[kReq] * a.bt_stride;
   const float* krow[kVec];
   const float* vrow[kVec];
+  int64_t off[kVec];
   float* s = sc.s.data();
   for (int c0 = kv_first; c0 < kv1; c0 += kVec) {
     const int n = std::min(kVec, kv1 - c0);
-    gather(a, bt, kv_head, c0, n, krow, vrow, sc);
+    row_offsets(a, bt, c0, n, off);
+    gather(a, off, kv_head, n, krow, vrow, sc);
     if (by_cols) {
       scores_cols<NV>(sc.q.data(), rows_p, krow, c0, min_pos, max_lo, sc.pos.data(),
                       sc.lo.data(), a.soft_cap, s);
@@ -276,7 +340,7 @@ void run_item(const Args& a, const int32_t* it, Scratch& sc) {
     } else {
       scores_rows<NV>(sc.q.data(), rows, krow, n, c0, sc.pos.data(), sc.lo.data(), max_lo,
                       a.soft_cap, s);
-      softmax_rows(s, rows, sc);
+      softmax_rows(s, 0, rows, sc);
       accumulate_v<NV>(sc.acc.data(), rows, s, kVec, 1, vrow, n, sc.corr.data());
     }
   }
@@ -293,19 +357,67 @@ void run_item(const Args& a, const int32_t* it, Scratch& sc) {
   std::copy(sc.l.begin(), sc.l.begin() + G, part + G * D + G);
 }
 
+// A decode item: one query token, every KV head (kAllKvHeads). Per chunk of keys, head by
+// head, so the chunk's K/V rows are read whole and in order (a row holds every head).
+template <int NV>
+void run_decode_item(const Args& a, const int32_t* it, Scratch& sc) {
+  constexpr int D = NV * kVec;
+  const int G = a.group, H = a.num_kv_heads, rows = G * H, q0 = it[kQBegin];
+  const int kv0 = it[kKvBegin], kv1 = it[kKvEnd], position = it[kPos0];
+  TORCH_CHECK(it[kReq] < a.bt_rows && q0 < a.num_tokens && it[kQEnd] == q0 + 1,
+              "attention plan does not fit this step's tensors");
+  const int max_lo = position - a.window;
+  const int kv_first = std::max(kv0, position - a.window + 1);
+  for (int r = 0; r < rows; ++r) {  // row r: query head r, of KV head r / G
+    sc.pos[r] = static_cast<float>(std::min(position, kv1 - 1));
+    sc.lo[r] = static_cast<float>(max_lo);
+    load_row(a, q0, r, sc.q.data() + r * D);
+  }
+  start_rows(sc, rows, rows, D);
+  const int32_t* bt = a.block_table + it[kReq] * a.bt_stride;
+  const float* krow[kVec];
+  const float* vrow[kVec];
+  int64_t off[kVec];
+  for (int c0 = kv_first; c0 < kv1; c0 += kVec) {
+    const int n = std::min(kVec, kv1 - c0);
+    row_offsets(a, bt, c0, n, off);
+    for (int h = 0; h < H; ++h) {
+      const int r0 = h * G;
+      float* s = sc.s.data() + r0 * kVec;
+      gather(a, off, h, n, krow, vrow, sc);
+      scores_rows<NV>(sc.q.data() + r0 * D, G, krow, n, c0, sc.pos.data() + r0,
+                      sc.lo.data() + r0, max_lo, a.soft_cap, s);
+      softmax_rows(s, r0, G, sc);
+      accumulate_v<NV>(sc.acc.data() + r0 * D, G, s, kVec, 1, vrow, n, sc.corr.data() + r0);
+    }
+  }
+  if (it[kPartial] < 0) {
+    for (int r = 0; r < rows; ++r) store_row(a, q0, r, sc.acc.data() + r * D, a.v_scale / sc.l[r]);
+    return;
+  }
+  for (int h = 0; h < H; ++h) {
+    float* part = a.partials + (static_cast<int64_t>(it[kPartial]) * H + h) * G * (D + 2);
+    std::copy(sc.acc.begin() + h * G * D, sc.acc.begin() + (h + 1) * G * D, part);
+    std::copy(sc.m.begin() + h * G, sc.m.begin() + (h + 1) * G, part + G * D);
+    std::copy(sc.l.begin() + h * G, sc.l.begin() + (h + 1) * G, part + G * D + G);
+  }
+}
+
 // Combines the splits of one decode row: out = sum_i acc_i e^(m_i - M) / sum_i l_i e^(m_i - M).
 void merge(const Args& a, const int32_t* mg, Scratch& sc) {
   const int G = a.group, D = a.head_dim, num_splits = mg[3];
   const int64_t part_size = G * (D + 2);
+  // Split i's partial of this KV head (mg[1]): see kAllKvHeads.
+  auto partial = [&](int i) {
+    return a.partials + (static_cast<int64_t>(mg[2] + i) * a.num_kv_heads + mg[1]) * part_size;
+  };
   for (int g = 0; g < G; ++g) {
     float m_max = kNegInf, sum = 0.f;
-    for (int i = 0; i < num_splits; ++i) {
-      m_max = std::max(m_max, a.partials[(mg[2] + i) * part_size + G * D + g]);
-    }
+    for (int i = 0; i < num_splits; ++i) m_max = std::max(m_max, partial(i)[G * D + g]);
     float* acc = sc.acc.data();
     std::fill(acc, acc + D, 0.f);
     for (int i = 0; i < num_splits; ++i) {
-      const float* part = a.partials + (mg[2] + i) * part_size;
+      const float* part = partial(i);
       const float w = std::exp(part[G * D + g] - m_max);
       sum += part[G * D + G + g] * w;
       for (int d = 0; d < D; d += kVec) {
@@ -321,11 +433,19 @@ void run_all(const Args& a, const at::Tensor& items, const at::Tensor& bounds,
              const at::Tensor& merges) {
   const int32_t* it = items.data_ptr<int32_t>();
   const int32_t* bd = bounds.data_ptr<int32_t>();
-  const int max_rows = (a.group * kPrefillTile + kVec - 1) / kVec * kVec;
+  const int max_rows = std::max((a.group * kPrefillTile + kVec - 1) / kVec * kVec,
+                                a.group * a.num_kv_heads);
   at::parallel_for(0, bounds.numel() - 1, 1, [&](int64_t begin, int64_t end) {
     Scratch sc(max_rows, a.head_dim);
     for (int64_t p = begin; p < end; ++p) {
-      for (int i = bd[p]; i < bd[p + 1]; ++i) run_item<NV>(a, it + i * kItemFields, sc);
+      for (int i = bd[p]; i < bd[p + 1]; ++i) {
+        const int32_t* item = it + i * kItemFields;
+        if (item[kKvHead] == kAllKvHeads) {
+          run_decode_item<NV>(a, item, sc);
+        } else {
+          run_item<NV>(a, item, sc);
+        }
+      }
     }
   });
   const int32_t* mg = merges.data_ptr<int32_t>();

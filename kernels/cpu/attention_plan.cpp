@@ -1,7 +1,8 @@
 // A step's attention work list, built once per step and shared by every layer.
 //
 // Work items are (request, KV head, query rows, key range): all query heads of a KV head go
-// together, so each K/V row is read once per item. A prefill chunk is cut into tiles of
+// together, so each K/V row is read once per item; a decode's item takes every KV head of its
+// token at once, reading whole cache rows front to back. A prefill chunk is cut into tiles of
 // kPrefillTile query tokens, each attending to keys 0 .. its last position (causal). A decode
 // attends to its whole context, cut into splits of `split` keys when the step's decode work is
 // large next to one thread's share (flash-decoding): split items leave fp32 partials (acc, max,
@@ -47,9 +48,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_plan(
 
   int64_t decode_keys = 0;
   for (int r = 0; r < num_reqs; ++r) {
-    if (qsl[r + 1] - qsl[r] == 1) {
-      decode_keys += (lens[r] - first_key(lens[r] - 1)) * num_kv_heads;
-    }
+    if (qsl[r + 1] - qsl[r] == 1) decode_keys += lens[r] - first_key(lens[r] - 1);
   }
   int64_t split = std::numeric_limits<int32_t>::max();
   if (num_parts > 1) {
@@ -62,29 +61,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_plan(
   int32_t num_partials = 0;
   auto add = [&](int r, int h, int q0, int q1, int kv0, int kv1, int part, int pos0) {
     items.insert(items.end(), {r, h, q0, q1, kv0, kv1, part, pos0});
-    costs.push_back(static_cast<int64_t>(kv1 - kv0) * (4 + (q1 - q0) * group));
+    const int64_t heads = h == kAllKvHeads ? num_kv_heads : 1;
+    costs.push_back(static_cast<int64_t>(kv1 - kv0) * heads * (4 + (q1 - q0) * group));
   };
   for (int r = 0; r < num_reqs; ++r) {
     const int q_begin = qsl[r], q_len = qsl[r + 1] - qsl[r], seq_len = lens[r];
     TORCH_CHECK(q_len <= seq_len, "request ", r, " has more query tokens than its seq_len");
     if (q_len == 0) continue;
     const int first_pos = seq_len - q_len;  // position of the chunk's first query token
-    for (int h = 0; h < num_kv_heads; ++h) {
-      if (q_len == 1) {
-        const int lo = first_key(first_pos);
-        const int num_splits = static_cast<int>((seq_len - lo + split - 1) / split);
-        if (num_splits <= 1) {
-          add(r, h, q_begin, q_begin + 1, lo, seq_len, -1, first_pos);
-          continue;
-        }
-        merges.insert(merges.end(), {q_begin, h, num_partials, num_splits});
-        for (int s = 0; s < num_splits; ++s) {
-          const int kv0 = static_cast<int>(lo + s * split);
-          const int kv1 = static_cast<int>(std::min<int64_t>(seq_len, kv0 + split));
-          add(r, h, q_begin, q_begin + 1, kv0, kv1, num_partials++, first_pos);
-        }
+    if (q_len == 1) {
+      const int lo = first_key(first_pos);
+      const int num_splits = static_cast<int>((seq_len - lo + split - 1) / split);
+      if (num_splits <= 1) {
+        add(r, kAllKvHeads, q_begin, q_begin + 1, lo, seq_len, -1, first_pos);
         continue;
       }
+      for (int h = 0; h < num_kv_heads; ++h) {
+        merges.insert(merges.end(), {q_begin, h, num_partials, num_splits});
+      }
+      for (int s = 0; s < num_splits; ++s) {
+        const int kv0 = static_cast<int>(lo + s * split);
+        const int kv1 = static_cast<int>(std::min<int64_t>(seq_len, kv0 + split));
+        add(r, kAllKvHeads, q_begin, q_begin + 1, kv0, kv1, num_partials++, first_pos);
+      }
+      continue;
+    }
+    for (int h = 0; h < num_kv_heads; ++h) {
       for (int t0 = 0; t0 < q_len; t0 += kPrefillTile) {
         const int t1 = std::min(q_len, t0 + kPrefillTile);
         add(r, h, q_begin + t0, q_begin + t1, first_key(first_pos + t0), first_pos + t1, -1,
@@ -114,7 +116,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_plan(
     std::copy(v.begin(), v.end(), t.data_ptr<int32_t>());
     return t;
   };
-  at::Tensor partials = at::empty({num_partials, group, head_dim + 2},
+  at::Tensor partials = at::empty({num_partials * num_kv_heads, group, head_dim + 2},
                                   at::TensorOptions().dtype(at::kFloat));
   return {int_tensor(items, kItemFields), int_tensor(bounds, 1).view({-1}),
           int_tensor(merges, 4), partials};
