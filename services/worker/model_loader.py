@@ -13,10 +13,12 @@ from services.worker.attention import get_attention_backend_cls
 from services.worker.attention.backend import AttentionBackend
 from services.worker.config import RunnerConfig
 from services.worker.kv_cache import KVCacheSpec, kv_cache_dtype
+from services.worker.models.checkpoint_quant import read_checkpoint_quant
 from services.worker.models.config import ModelConfig
 from services.worker.models.llama import LlamaForCausalLM
 from services.worker.models.quantized import BlockSource
 from services.worker.models.registry import model_class
+from services.worker.models.smoothing import SmoothedWeights
 from services.worker.models.weights import WeightSource
 
 log = structlog.get_logger(__name__)
@@ -33,6 +35,30 @@ def kv_cache_spec(config: RunnerConfig, model_config: ModelConfig) -> KVCacheSpe
     return KVCacheSpec(model_config.num_hidden_layers, model_config.num_key_value_heads,
                        model_config.head_dim, config.block_size,
                        kv_cache_dtype(config.kv_cache_dtype, config.torch_dtype))
+
+
+def uses_int8_smoothing(config: RunnerConfig, model_config: ModelConfig) -> bool:
+    """--quantization int8 folds SmoothQuant's scales into the weights (models/smoothing.py)
+    where that is exact: the Llama family's layout (no MoE, no vision tower), no LoRA (an
+    adapter's A would read the smoothed input), one rank (the other ranks read their own
+    weights), not a checkpoint stored quantized (its own scales rule)."""
+    return (config.quantization == "int8"
+            and model_class(model_config.model_type) is LlamaForCausalLM
+            and model_config.vision_model_type is None and not config.enable_lora
+            and config.tensor_parallel_size == 1
+            and read_checkpoint_quant(config.model_dir) is None)
+
+
+def weight_source(config: RunnerConfig, model_config: ModelConfig,
+                  device: torch.device) -> WeightSource:
+    if not uses_int8_smoothing(config, model_config):
+        return WeightSource(config.model_dir, config.torch_dtype, device)
+    started = time.perf_counter()
+    weights = SmoothedWeights(config.model_dir, config.torch_dtype, device,
+                              model_config.num_hidden_layers)
+    log.info("int8: SmoothQuant scales calibrated and folded into the weights",
+             seconds=round(time.perf_counter() - started, 2))
+    return weights
 
 
 def load_model(config: RunnerConfig, model_config: ModelConfig, weights: WeightSource,

@@ -39,10 +39,11 @@ from services.worker.model_loader import (
     load_model,
     max_model_len,
     resolve_device,
+    uses_int8_smoothing,
+    weight_source,
 )
 from services.worker.models.config import ModelConfig
 from services.worker.models.llama import LlamaForCausalLM
-from services.worker.models.weights import WeightSource
 from services.worker.multimodal import RunnerMultiModal, enable_multimodal
 from services.worker.parallel.ranks import TensorParallelModel, TensorParallelRanks, pin_rank_cores
 from services.worker.sampler import Sampler
@@ -125,7 +126,10 @@ class ModelRunner:
         if config.speculative_config is not None:
             with startup.phase("speculative decoding"):   # a draft model loads here
                 self.speculator = Speculator(config, self.device, self.info)
-        self.kv_fingerprint = kv_fingerprint(config.model_dir, self.kv_spec, config.quantization)
+        # NOTE: smoothed int8 computes other KV than plain int8 did before it.
+        self.kv_fingerprint = kv_fingerprint(
+            config.model_dir, self.kv_spec, config.quantization
+            + ("+smoothquant" if uses_int8_smoothing(config, model_config) else ""))
         self.kv_connector: WorkerKVConnector | None = None
         """Moves blocks to / from the kvstore between forward passes; set by the service."""
         if config.warm_up:
@@ -235,7 +239,7 @@ class ModelRunner:
         return self.config.max_num_seqs * (1 + (spec.num_speculative_tokens if spec else 0))
 
     def _load_model(self) -> LlamaForCausalLM | TensorParallelModel:
-        weights = WeightSource(self.config.model_dir, self.config.torch_dtype, self.device)
+        weights = weight_source(self.config, self.model_config, self.device)
         if self.parallel is not None:
             return self.parallel.build(self.config, weights, self.attn_backend,
                                        self.max_model_len)
