@@ -66,14 +66,19 @@ CALIBRATION_CHAT = "Explain how a bicycle stays upright."
 
 # The linear whose input each group's activations are read at, in HF's module names.
 _PROBES = {"self_attn.q_proj": "attn", "mlp.gate_proj": "mlp", "mlp.down_proj": "down"}
+_PROBE_NAME = re.compile(r"(?:.*\.)?layers\.(\d+)\.(" + "|".join(map(re.escape, _PROBES)) + ")")
 
 
 def calibrate(model_dir: Path) -> dict[tuple[int, str], torch.Tensor]:
     """(layer, group) -> max |x_j| over the calibration tokens, per input channel (fp32)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    except (OSError, ValueError) as exc:
+        raise RuntimeError(f"--quantization int8 calibrates its SmoothQuant scales with HF "
+                           f"transformers, which cannot load {model_dir}: {exc}") from exc
     maxima: dict[tuple[int, str], torch.Tensor] = {}
 
     def record(key: tuple[int, str]):
@@ -83,8 +88,7 @@ def calibrate(model_dir: Path) -> dict[tuple[int, str], torch.Tensor]:
         return hook
 
     for name, module in model.named_modules():
-        match = re.fullmatch(r"(?:.*\.)?layers\.(\d+)\.(self_attn\.q_proj|mlp\.gate_proj|"
-                             r"mlp\.down_proj)", name)
+        match = _PROBE_NAME.fullmatch(name)
         if match is not None:
             module.register_forward_pre_hook(record((int(match[1]), _PROBES[match[2]])))
     inputs = [tokenizer(CALIBRATION_TEXT, return_tensors="pt")["input_ids"]]
@@ -103,19 +107,17 @@ class SmoothedWeights(WeightSource):
     get_fused and every model class see them)."""
 
     def __init__(self, model_dir: Path, dtype: torch.dtype, device: torch.device,
-                 num_layers: int, alpha: float = ALPHA,
-                 maxima: dict[tuple[int, str], torch.Tensor] | None = None):
-        """maxima: calibrate(model_dir)'s result (default: run it now)."""
+                 num_layers: int):
         super().__init__(model_dir, dtype, device)
-        maxima = calibrate(model_dir) if maxima is None else maxima
+        maxima = calibrate(model_dir)
         # name -> factors its fp32 values are multiplied by, each broadcast over the tensor.
         self._factors: dict[str, list[torch.Tensor]] = {}
         for i in range(num_layers):
             attn, mlp = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
-            s_attn = self._scales(maxima[i, "attn"], [attn + p for p in ("q_proj", "k_proj",
-                                                                         "v_proj")], alpha)
-            s_mlp = self._scales(maxima[i, "mlp"], [mlp + "gate_proj", mlp + "up_proj"], alpha)
-            s_down = self._scales(maxima[i, "down"], [mlp + "down_proj"], alpha)
+            s_attn = self._scales(maxima[i, "attn"],
+                                  [attn + p for p in ("q_proj", "k_proj", "v_proj")])
+            s_mlp = self._scales(maxima[i, "mlp"], [mlp + "gate_proj", mlp + "up_proj"])
+            s_down = self._scales(maxima[i, "down"], [mlp + "down_proj"])
             for name in ("q_proj", "k_proj", "v_proj"):
                 self._fold(attn + name + ".weight", s_attn[None, :])
             self._fold(f"layers.{i}.input_layernorm.weight", 1 / s_attn)
@@ -133,13 +135,12 @@ class SmoothedWeights(WeightSource):
             tensor = tensor * factor.to(tensor.device)
         return tensor.to(dtype or self.dtype).contiguous()
 
-    def _scales(self, x_max: torch.Tensor, weight_names: list[str],
-                alpha: float) -> torch.Tensor:
+    def _scales(self, x_max: torch.Tensor, weight_names: list[str]) -> torch.Tensor:
         # NOTE: the checkpoint's own values (WeightSource.get), not yet smoothed.
         w_max = torch.stack([WeightSource.get(self, n + ".weight", torch.float32).abs()
                              .amax(dim=0).cpu() for n in weight_names]).amax(dim=0)
         # NOTE: a channel that never fired (or an all-zero column) keeps s = 1.
-        scales = x_max.clamp(min=1e-5).pow(alpha) / w_max.clamp(min=1e-5).pow(1 - alpha)
+        scales = x_max.clamp(min=1e-5).pow(ALPHA) / w_max.clamp(min=1e-5).pow(1 - ALPHA)
         return torch.where((x_max > 0) & (w_max > 0), scales, torch.ones_like(scales))
 
     def _fold(self, name: str, *factors: torch.Tensor) -> None:
