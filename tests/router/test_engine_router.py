@@ -4,6 +4,8 @@ spilled, and the plain modes."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 from prometheus_client import CollectorRegistry
 
@@ -58,6 +60,19 @@ def test_load_outweighs_a_small_overlap() -> None:
     kv.index.apply("sched-e1", CLEARED)
     busy, idle = engine("e0", kv_cache_usage=0.5), engine("e1")
     assert kv.route([busy, idle], prompt).engine.engine_id == "e1"
+
+
+def test_a_long_prefill_still_running_counts_as_load() -> None:
+    """With chunked prefill a long prompt runs for many steps before its first token: the
+    engine chewing on one is as busy as one with the same tokens queued."""
+    kv = router()
+    prompt = tokens(7)
+    kv.index.apply("sched-e0", stored(prompt[:2 * BLOCK_SIZE]))   # a small overlap on e0
+    kv.index.apply("sched-e1", CLEARED)
+    chewing = dataclasses.replace(engine("e0"), num_running=1,
+                                  num_running_prefill_tokens=3000)
+    assert kv.route([chewing, engine("e1")], prompt).engine.engine_id == "e1"
+    assert kv.route([engine("e0"), engine("e1")], prompt).engine.engine_id == "e0"
 
 
 def test_without_events_the_router_predicts_from_its_own_choices() -> None:

@@ -217,7 +217,9 @@ class EngineRouter:
         reported = round(engine.kv_cache_usage * engine.num_blocks)
         return EngineLoad(
             num_active_blocks=max(0, reported - self._released_blocks.get(engine.engine_id, 0)),
-            num_pending_prefill_blocks=(math.ceil(engine.num_waiting_tokens / block_size)
+            num_pending_prefill_blocks=(math.ceil((engine.num_waiting_tokens
+                                                   + engine.num_running_prefill_tokens)
+                                                  / block_size)
                                         + self._pending_blocks.get(engine.engine_id, 0)),
             num_cached_blocks=num_cached)
 

@@ -47,6 +47,7 @@ class EngineView:
     block_size: int = 16
     num_blocks: int = 0
     num_waiting_tokens: int = 0  # prompt tokens queued, not yet prefilled
+    num_running_prefill_tokens: int = 0   # prompt tokens of running requests still to prefill
     max_num_seqs: int = 0        # 0: not reported
     max_loras: int = 0           # LoRA adapters a step may mix; 0: the engine serves none
     lora_ids: frozenset[int] = frozenset()   # adapters its worker holds in memory
@@ -146,6 +147,7 @@ class MeshView:
                 in_flight_here=self.in_flight.get(inst.engine_id, 0), kv_role=info.kv_role,
                 is_stalled=self.is_stalled(inst), block_size=info.block_size or 16,
                 num_blocks=info.num_blocks, num_waiting_tokens=info.num_waiting_tokens,
+                num_running_prefill_tokens=info.num_running_prefill_tokens,
                 max_num_seqs=info.max_num_seqs, max_loras=info.max_loras,
                 lora_ids=(frozenset(unpack_int32(info.lora_ids).tolist()) if info.lora_ids
                           else frozenset())))

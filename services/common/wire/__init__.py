@@ -203,6 +203,12 @@ class EngineInfo(betterproto.Message):
     """would start at once or queue"""
 
     lora_ids: bytes = betterproto.bytes_field(19)
+    num_running_prefill_tokens: int = betterproto.int64_field(20)
+    """
+    recently used last): a router prefers engines holding one
+     Prompt tokens of running requests not yet prefilled: with chunked prefill a long prompt
+     runs for many steps before its first token, work a router must see beside the queue's.
+    """
 
 
 @dataclass(eq=False, repr=False)

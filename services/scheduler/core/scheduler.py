@@ -583,6 +583,8 @@ class Scheduler:
             prefix_cache_hits=self._prefix_cache_hits,
             num_preemptions=self.num_preemptions,
             num_waiting_tokens=self._num_waiting_tokens,
+            num_running_prefill_tokens=sum(max(0, r.num_prompt_tokens - r.num_computed_tokens)
+                                           for r in self.running),
             spec_decoding=(self.spec_decoding_stats.copy()
                            if self.spec_decoding_stats is not None else None))
 
