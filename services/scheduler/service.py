@@ -96,7 +96,7 @@ class SchedulerService(Service):
             info.num_waiting = stats.num_waiting
             info.kv_cache_usage = stats.kv_cache_usage
             info.num_waiting_tokens = stats.num_waiting_tokens
-            info.num_running_prefill_tokens = stats.num_running_prefill_tokens
+            info.num_running_prefill_tokens = self.scheduler.num_running_prefill_tokens
             info.prefix_cache_queries = stats.prefix_cache_queries
             info.prefix_cache_hits = stats.prefix_cache_hits
             info.num_preemptions = stats.num_preemptions

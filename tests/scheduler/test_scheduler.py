@@ -66,7 +66,7 @@ def test_a_prefill_larger_than_the_budget_is_chunked() -> None:
     assert_matches_reference(run, {"r": (prompt(100), 3)})
 
 
-def test_stats_count_the_prompt_a_running_request_has_still_to_prefill() -> None:
+def test_the_scheduler_counts_the_prompt_a_running_request_has_still_to_prefill() -> None:
     """A router sees a long prompt's remaining chunks as pending work, not only the queue."""
     scheduler, worker = make_scheduler(max_num_batched_tokens=32, max_num_seqs=1)
     scheduler.add_request(make_request("long", prompt(100), max_tokens=3))
@@ -75,8 +75,7 @@ def test_stats_count_the_prompt_a_running_request_has_still_to_prefill() -> None
     pending = []
     for _ in range(4):
         step(scheduler, worker, run)
-        stats = scheduler.make_stats()
-        pending.append((stats.num_running_prefill_tokens, stats.num_waiting_tokens))
+        pending.append((scheduler.num_running_prefill_tokens, scheduler.num_waiting_tokens))
     assert pending == [(68, 10), (36, 10), (4, 10), (0, 10)]
 
 

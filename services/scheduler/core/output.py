@@ -157,7 +157,5 @@ class SchedulerStats:
     num_preemptions: int
     """Cumulative."""
     num_waiting_tokens: int = 0
-    num_running_prefill_tokens: int = 0
-    """Prompt tokens of running requests still to prefill (chunked prefill)."""
     spec_decoding: SpecDecodingStats | None = None
     """Cumulative; None when speculative decoding is off."""

@@ -565,6 +565,12 @@ class Scheduler:
     def num_waiting_tokens(self) -> int:
         return self._num_waiting_tokens
 
+    @property
+    def num_running_prefill_tokens(self) -> int:
+        """Prompt tokens of running requests still to prefill (chunked prefill). Counted when
+        asked (the heartbeat), not every step."""
+        return sum(max(0, r.num_prompt_tokens - r.num_computed_tokens) for r in self.running)
+
     def get_request(self, request_id: str) -> Request | None:
         return self.requests.get(request_id)
 
@@ -583,8 +589,6 @@ class Scheduler:
             prefix_cache_hits=self._prefix_cache_hits,
             num_preemptions=self.num_preemptions,
             num_waiting_tokens=self._num_waiting_tokens,
-            num_running_prefill_tokens=sum(max(0, r.num_prompt_tokens - r.num_computed_tokens)
-                                           for r in self.running),
             spec_decoding=(self.spec_decoding_stats.copy()
                            if self.spec_decoding_stats is not None else None))
 
