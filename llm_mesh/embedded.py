@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -24,6 +25,12 @@ def free_port(host: str = "127.0.0.1") -> int:
 _LOWEST_PORT = 10_240    # above the well-known and registered ports most servers use
 # Ports handed out by this process, so two callers never get the same one before binding it.
 _handed_out: set[int] = set()
+
+
+def reserve_ports(ports: Iterable[int]) -> None:
+    """Ports configured for servers not bound yet (`llm-mesh up --port`): free_ports must not
+    hand them to another server first (CI once saw the gateway's port drawn for NATS)."""
+    _handed_out.update(port for port in ports if port > 0)
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:

@@ -32,7 +32,7 @@ from typing import Any
 import structlog
 
 from llm_mesh.cli import SERVICE_MODULES
-from llm_mesh.embedded import EmbeddedNats, EmbeddedRedis, free_ports
+from llm_mesh.embedded import EmbeddedNats, EmbeddedRedis, free_ports, reserve_ports
 from llm_mesh.engines import ENGINE_SERVICES, EnginePlan, plan_engines
 from llm_mesh.liveness import Liveness, Probe, http_probe, nats_probe, redis_probe
 from services.batch.settings import BatchSettings
@@ -236,6 +236,9 @@ class Mesh:
         return child
 
     def _start(self) -> None:
+        # Ports the user set (the gateway's --port, ...) are not drawn for the embedded servers.
+        reserve_ports(value for key, value in self.explicit.items()
+                      if key.endswith("port") and isinstance(value, int))
         nats_url = self.up.nats_url
         if not nats_url:
             self.nats = EmbeddedNats()

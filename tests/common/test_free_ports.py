@@ -24,6 +24,15 @@ def test_a_port_is_never_handed_out_twice() -> None:
     assert len(set(seen)) == len(seen)
 
 
+def test_a_reserved_port_is_never_drawn(monkeypatch) -> None:
+    # Ten candidates (65526-65535), five reserved (as `llm-mesh up --port` reserves its
+    # gateway's): the other five come back.
+    monkeypatch.setattr(embedded, "_ephemeral_range", lambda: (10_240, 65_525))
+    monkeypatch.setattr(embedded, "_handed_out", set())
+    embedded.reserve_ports(range(65_526, 65_536, 2))
+    assert sorted(free_ports(5)) == list(range(65_527, 65_536, 2))
+
+
 def test_a_port_someone_holds_is_skipped(monkeypatch) -> None:
     # Leave ten candidates (65526-65535), hold five of them: the other five come back.
     monkeypatch.setattr(embedded, "_ephemeral_range", lambda: (10_240, 65_525))
