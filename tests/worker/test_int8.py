@@ -23,6 +23,7 @@ from services.worker.kv_cache import KVCacheSpec
 from services.worker.model_runner import ModelRunner
 from services.worker.models import int8
 from services.worker.models.int8 import Int8Linear, Int8Ops, quantize_weight
+from services.worker.models.layer_ops import TorchLayerOps
 from services.worker.models.smoothing import SmoothedWeights
 from services.worker.models.weights import WeightSource
 from tests.reference import hf_model
@@ -194,10 +195,6 @@ def test_an_int8_engine_names_its_kv_blocks_apart_from_the_unquantized_model() -
     assert kv_fingerprint(model_dir, spec, "none") == plain
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * weight
-
-
 @pytest.mark.slow
 def test_smoothing_leaves_the_float_model_as_it_was() -> None:
     """Folded into the norms and up_proj's rows, the scales cancel: each layer's q/k/v and MLP
@@ -206,14 +203,15 @@ def test_smoothing_leaves_the_float_model_as_it_was() -> None:
     plain = WeightSource(model_dir, torch.float32, torch.device("cpu"))
     smoothed = SmoothedWeights(model_dir, torch.float32, torch.device("cpu"), num_layers=30)
     x = torch.randn(16, 576, generator=torch.Generator().manual_seed(0))
+    ops = TorchLayerOps()
     for i in (0, 17, 29):
         attn, mlp = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
         qkv = [attn + p + ".weight" for p in ("q_proj", "k_proj", "v_proj")]
         gate, up, down = (mlp + p + "_proj.weight" for p in ("gate", "up", "down"))
 
         def block(w: WeightSource) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            h = rms_norm(x, w.get(f"layers.{i}.input_layernorm.weight"))
-            g = rms_norm(x, w.get(f"layers.{i}.post_attention_layernorm.weight"))
+            h = ops.rms_norm(x, w.get(f"layers.{i}.input_layernorm.weight"), 1e-5)
+            g = ops.rms_norm(x, w.get(f"layers.{i}.post_attention_layernorm.weight"), 1e-5)
             act = F.silu(g @ w.get(gate).T) * (g @ w.get(up).T)
             return h, h @ w.get_fused(qkv).T, act @ w.get(down).T
 
