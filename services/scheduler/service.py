@@ -332,13 +332,14 @@ class SchedulerService(Service):
         if self.kv is not None:
             outputs = self.kv.outputs_to_send(self.scheduler, outputs)
             self.kv.after_step(self.scheduler)
+        # Counted before clients can see the tokens: /metrics never lags a finished answer.
+        self.stats.on_outputs(outputs, self.scheduler.clock())
+        self.stats.on_stats(self.scheduler.make_stats())
         await self.deltas.publish(outputs, step_output, self.tokenizer_of,
                                   self.request_id_of_handle)
         for output in outputs:
             if output.finished:
                 self._forget(output.request_id, output.handle)
-        self.stats.on_outputs(outputs, self.scheduler.clock())
-        self.stats.on_stats(self.scheduler.make_stats())
         self.stats.on_step_times(time.perf_counter() - started, call_s, step_output.execute_s)
 
     async def _expire_deadlines(self) -> None:
@@ -381,11 +382,11 @@ class SchedulerService(Service):
             return
         held = self.kv.release_held(self.scheduler)
         if held:
+            self.stats.on_outputs(held, time.monotonic())
             await self.deltas.publish(held, wire.StepOutput(), self.tokenizer_of,
                                       self.request_id_of_handle)
             for output in held:
                 self._forget(output.request_id, output.handle)
-            self.stats.on_outputs(held, time.monotonic())
 
     async def _fail_all(self, reason: str, *, movable: bool = False) -> None:
         assert self.deltas is not None
