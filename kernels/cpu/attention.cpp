@@ -11,7 +11,10 @@
 //   summed by one transpose tree (AVX-512; AVX2 sums each);
 // - R a multiple of kVec (prefill tiles): Q transposed once per item, S[key][row], rows in
 //   lanes, so each score vector is D broadcast-FMAs with no horizontal sums.
-// All math is fp32; the softmax uses Sleef's 1-ulp exp (torch's own).
+// All math is fp32; the softmax uses Sleef's 1-ulp exp (torch's own). Where the CPU has
+// AVX-512 BF16, a bf16 decode item reads its bf16 query and cache rows as they are
+// (vdpbf16ps: pairs multiplied exactly, summed in fp32), with P rounded to bf16 for P @ V
+// as flash attention does: no conversion pass, half the instructions.
 // A sliding window (query at p sees keys p - window < j <= p): the plan starts each item's keys
 // at the first one its first row sees (a plan made for that window; with another, the loop
 // starts there anyway), later rows mask the keys before theirs. A soft-cap (Gemma 2) turns
@@ -81,33 +84,29 @@ void row_offsets(const Args& a, const int32_t* bt, int c0, int n, int64_t* off) 
   }
 }
 
-// Row pointers of KV head `kv_head` at the rows `off` (n of them, padded to kVec with a zero
-// row), as fp32.
+// Row pointers of KV head `kv_head` of `cache` at the rows `off` (n of them, padded to kVec
+// with a zero row), as fp32: fp32 rows in place, others converted into `buf`.
 template <typename TC>
-void gather_rows(const Args& a, const int64_t* off, int kv_head, int n, const float** krow,
-                 const float** vrow, Scratch& sc) {
-  const TC* kc = reinterpret_cast<const TC*>(a.key_cache) + kv_head * a.head_dim;
-  const TC* vc = reinterpret_cast<const TC*>(a.value_cache) + kv_head * a.head_dim;
+void cache_rows(const Args& a, const char* cache, const int64_t* off, int kv_head, int n,
+                const float** rows, std::vector<float>& buf, const float* zero) {
+  const TC* c = reinterpret_cast<const TC*>(cache) + kv_head * a.head_dim;
   for (int t = 0; t < n; ++t) {
     if constexpr (std::is_same_v<TC, float>) {
-      krow[t] = kc + off[t];
-      vrow[t] = vc + off[t];
+      rows[t] = c + off[t];
     } else {
-      float* kd = sc.kbuf.data() + t * a.head_dim;
-      float* vd = sc.vbuf.data() + t * a.head_dim;
-      row_to_f32(kc + off[t], kd, a.head_dim, 1.f);
-      row_to_f32(vc + off[t], vd, a.head_dim, 1.f);
-      krow[t] = kd;
-      vrow[t] = vd;
+      float* dst = buf.data() + t * a.head_dim;
+      row_to_f32(c + off[t], dst, a.head_dim, 1.f);
+      rows[t] = dst;
     }
   }
-  for (int t = n; t < kVec; ++t) krow[t] = vrow[t] = sc.zero.data();
+  for (int t = n; t < kVec; ++t) rows[t] = zero;
 }
 
 void gather(const Args& a, const int64_t* off, int kv_head, int n, const float** krow,
             const float** vrow, Scratch& sc) {
   MESH_DISPATCH_CACHE_DTYPE(a.cache_dtype, TC, [&] {
-    gather_rows<TC>(a, off, kv_head, n, krow, vrow, sc);
+    cache_rows<TC>(a, a.key_cache, off, kv_head, n, krow, sc.kbuf, sc.zero.data());
+    cache_rows<TC>(a, a.value_cache, off, kv_head, n, vrow, sc.vbuf, sc.zero.data());
   });
 }
 
@@ -135,6 +134,24 @@ inline __m512 transpose_sum16(const __m512* v) {
                        _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
 }
 #endif
+
+// Scores of keys at or before lo[r] masked, the others soft-capped (where a cap is set).
+// NOTE: a second pass, only where a cap or a window edge applies: in the score loops the
+// extra tests cost plain decodes ~18% (measured, 32 x 1024 keys, 1 thread).
+void cap_and_mask_window(int rows, int n, int c0, const float* lo, int max_lo, float soft_cap,
+                         float* s) {
+  if (soft_cap == 0.f && c0 > max_lo) return;
+  for (int r = 0; r < rows; ++r) {
+    for (int t = 0; t < n; ++t) {
+      float& score = s[r * kVec + t];
+      if (static_cast<float>(c0 + t) <= lo[r]) {
+        score = kNegInf;
+      } else if (soft_cap > 0.f && score != kNegInf) {
+        score = soft_capped(score, soft_cap);
+      }
+    }
+  }
+}
 
 // S[r][t] = q_r . k_t for t < n; -inf where key c0 + t is after row r's last visible key or
 // at or before lo[r] (the window's edge; max_lo: the largest lo).
@@ -172,19 +189,7 @@ void scores_rows(const float* q, int rows, const float* const* krow, int n, int 
   }
   for (int r = 0; r < rows; ++r) std::fill(s + r * kVec + n, s + (r + 1) * kVec, kNegInf);
 #endif
-  // NOTE: a second pass, only where a cap or a window edge applies: in the loop above the
-  // extra tests cost plain decodes ~18% (measured, 32 x 1024 keys, 1 thread).
-  if (soft_cap == 0.f && c0 > max_lo) return;
-  for (int r = 0; r < rows; ++r) {
-    for (int t = 0; t < n; ++t) {
-      float& score = s[r * kVec + t];
-      if (static_cast<float>(c0 + t) <= lo[r]) {
-        score = kNegInf;
-      } else if (soft_cap > 0.f && score != kNegInf) {
-        score = soft_capped(score, soft_cap);
-      }
-    }
-  }
+  cap_and_mask_window(rows, n, c0, lo, max_lo, soft_cap, s);
 }
 
 // Rows [r0, r0 + rows) of the online softmax; s holds their scores from row r0 on.
@@ -205,6 +210,108 @@ void softmax_rows(float* s, int r0, int rows, Scratch& sc) {
     sc.m[r] = m_new;
   }
 }
+
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
+#define MESH_BF16_DOT 1
+alignas(64) constexpr uint16_t kZeroBf16Row[16 * kVec] = {};   // the longest head_dim
+
+// S[r][t] = scale * q_r . k_t from bf16 queries and bf16 cache rows in place: vdpbf16ps
+// multiplies pairs exactly and sums them in fp32, so K is never converted, and a score costs
+// half the instructions of fp32 FMAs. -inf where key c0 + t is after row r's last visible one.
+template <int NV>
+void scores_rows_bf16(const BFloat16* q, int rows, const BFloat16* const* krow, int n, int c0,
+                      const float* pos, float scale, float* s) {
+  static_assert(NV % 2 == 0, "vdpbf16ps takes 32 bf16 per vector");
+  constexpr int D = NV * kVec, NB = NV / 2;
+  auto load = [](const BFloat16* p) { return (__m512bh)_mm512_loadu_si512(p); };
+  const fVec keys = fVec::arange(static_cast<float>(c0), 1.f);
+  for (int r = 0; r < rows; ++r) {
+    __m512bh qv[NB];
+    for (int j = 0; j < NB; ++j) qv[j] = load(q + r * D + j * 2 * kVec);
+    __m512 acc[kVec];
+    for (int t = 0; t < kVec; ++t) {
+      __m512 a = _mm512_dpbf16_ps(_mm512_setzero_ps(), qv[0], load(krow[t]));
+      for (int j = 1; j < NB; ++j) a = _mm512_dpbf16_ps(a, qv[j], load(krow[t] + j * 2 * kVec));
+      acc[t] = a;
+    }
+    const fVec limit(std::min(pos[r], static_cast<float>(c0 + n - 1)));
+    fVec::blendv(fVec(transpose_sum16(acc)) * fVec(scale), fVec(kNegInf), keys > limit)
+        .store(s + r * kVec);
+  }
+}
+
+// acc[r] = acc[r] * corr[r] + sum_t p(r, t) v_t (p: S's rows, masked keys 0) from bf16 V rows
+// in place: p rounded to bf16 (as flash attention's P @ V), two keys per vdpbf16ps, whose
+// operands are the two rows' elements interleaved. acc's lanes are then in that interleave's
+// order: bf16_lanes_to_dims puts them back.
+template <int NV>
+void accumulate_v_bf16(float* acc, int rows, const float* p, const BFloat16* const* vrow,
+                       const float* corr) {
+  constexpr int D = NV * kVec, NB = NV / 2;
+  for (int r = 0; r < rows; ++r) {
+    __m512 a[NV];
+    const __m512 c = _mm512_set1_ps(corr[r]);
+    for (int j = 0; j < NV; ++j) a[j] = _mm512_mul_ps(_mm512_loadu_ps(acc + r * D + j * kVec), c);
+    alignas(32) uint32_t pairs[kVec / 2];   // (p[2i], p[2i + 1]) as two bf16
+    _mm256_store_si256(reinterpret_cast<__m256i*>(pairs),
+                       (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(p + r * kVec)));
+    for (int t = 0; t < kVec; t += 2) {
+      const __m512bh pp = (__m512bh)_mm512_set1_epi32(static_cast<int>(pairs[t / 2]));
+      for (int j = 0; j < NB; ++j) {
+        const __m512i x = _mm512_loadu_si512(vrow[t] + j * 2 * kVec);
+        const __m512i y = _mm512_loadu_si512(vrow[t + 1] + j * 2 * kVec);
+        a[2 * j] = _mm512_dpbf16_ps(a[2 * j], (__m512bh)_mm512_unpacklo_epi16(x, y), pp);
+        a[2 * j + 1] = _mm512_dpbf16_ps(a[2 * j + 1], (__m512bh)_mm512_unpackhi_epi16(x, y), pp);
+      }
+    }
+    for (int j = 0; j < NV; ++j) _mm512_storeu_ps(acc + r * D + j * kVec, a[j]);
+  }
+}
+
+// accumulate_v_bf16's lane order -> dimension order. Per 32 dimensions d0.., its two vectors
+// hold, per 128-bit lane k: d0 + 8k + 0..3 (unpacklo) and d0 + 8k + 4..7 (unpackhi).
+template <int NV>
+void bf16_lanes_to_dims(float* acc, int rows) {
+  constexpr int D = NV * kVec;
+  const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i second =
+      _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  for (int r = 0; r < rows; ++r) {
+    for (int j = 0; j < NV; j += 2) {
+      float* x = acc + r * D + j * kVec;
+      const __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + kVec);
+      _mm512_storeu_ps(x, _mm512_permutex2var_ps(lo, first, hi));
+      _mm512_storeu_ps(x + kVec, _mm512_permutex2var_ps(lo, second, hi));
+    }
+  }
+}
+
+// KV head h's rows (r0 = h * group ..) of a decode chunk, from the bf16 query and cache rows
+// in place; acc is left in accumulate_v_bf16's lane order.
+template <int NV>
+void decode_chunk_bf16(const Args& a, int q0, int h, const int64_t* off, int n, int c0,
+                       int max_lo, Scratch& sc) {
+  constexpr int D = NV * kVec;
+  const int G = a.group, r0 = h * G;
+  const auto* q = reinterpret_cast<const BFloat16*>(a.query) + q0 * a.q_stride + r0 * D;
+  const auto* kc = reinterpret_cast<const BFloat16*>(a.key_cache) + h * D;
+  const auto* vc = reinterpret_cast<const BFloat16*>(a.value_cache) + h * D;
+  const auto* zero = reinterpret_cast<const BFloat16*>(kZeroBf16Row);
+  const BFloat16* kb[kVec];
+  const BFloat16* vb[kVec];
+  for (int t = 0; t < kVec; ++t) {
+    kb[t] = t < n ? kc + off[t] : zero;
+    vb[t] = t < n ? vc + off[t] : zero;
+  }
+  float* s = sc.s.data() + r0 * kVec;
+  scores_rows_bf16<NV>(q, G, kb, n, c0, sc.pos.data() + r0, a.q_scale, s);
+  cap_and_mask_window(G, n, c0, sc.lo.data() + r0, max_lo, a.soft_cap, s);
+  softmax_rows(s, r0, G, sc);
+  accumulate_v_bf16<NV>(sc.acc.data() + r0 * D, G, s, vb, sc.corr.data() + r0);
+}
+#else
+#define MESH_BF16_DOT 0
+#endif
 
 // S[t][r] = q_r . k_t with rows in vector lanes (qt is Q transposed: [D][rows]); keys after
 // pos[r] or at or before lo[r] masked, unless the whole chunk is visible to every row.
@@ -368,10 +475,13 @@ void run_decode_item(const Args& a, const int32_t* it, Scratch& sc) {
               "attention plan does not fit this step's tensors");
   const int max_lo = position - a.window;
   const int kv_first = std::max(kv0, position - a.window + 1);
+  // bf16 queries against a bf16 cache: both read as they are (decode_chunk_bf16).
+  const bool dot_bf16 = MESH_BF16_DOT && NV % 2 == 0 && a.q_dtype == at::kBFloat16 &&
+                        a.cache_dtype == at::kBFloat16;
   for (int r = 0; r < rows; ++r) {  // row r: query head r, of KV head r / G
     sc.pos[r] = static_cast<float>(std::min(position, kv1 - 1));
     sc.lo[r] = static_cast<float>(max_lo);
-    load_row(a, q0, r, sc.q.data() + r * D);
+    if (!dot_bf16) load_row(a, q0, r, sc.q.data() + r * D);
   }
   start_rows(sc, rows, rows, D);
   const int32_t* bt = a.block_table + it[kReq] * a.bt_stride;
@@ -382,6 +492,14 @@ void run_decode_item(const Args& a, const int32_t* it, Scratch& sc) {
     const int n = std::min(kVec, kv1 - c0);
     row_offsets(a, bt, c0, n, off);
     for (int h = 0; h < H; ++h) {
+#if MESH_BF16_DOT
+      if constexpr (NV % 2 == 0) {
+        if (dot_bf16) {
+          decode_chunk_bf16<NV>(a, q0, h, off, n, c0, max_lo, sc);
+          continue;
+        }
+      }
+#endif
       const int r0 = h * G;
       float* s = sc.s.data() + r0 * kVec;
       gather(a, off, h, n, krow, vrow, sc);
@@ -391,6 +509,11 @@ void run_decode_item(const Args& a, const int32_t* it, Scratch& sc) {
       accumulate_v<NV>(sc.acc.data() + r0 * D, G, s, kVec, 1, vrow, n, sc.corr.data() + r0);
     }
   }
+#if MESH_BF16_DOT
+  if constexpr (NV % 2 == 0) {
+    if (dot_bf16) bf16_lanes_to_dims<NV>(sc.acc.data(), rows);
+  }
+#endif
   if (it[kPartial] < 0) {
     for (int r = 0; r < rows; ++r) store_row(a, q0, r, sc.acc.data() + r * D, a.v_scale / sc.l[r]);
     return;

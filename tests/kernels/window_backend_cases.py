@@ -25,6 +25,8 @@ CASES = [
     (AttentionCase("gqa2_bf16_w16", 4, 2, [20, 0, 7], [1, 30, 12], dtype=torch.bfloat16), 16,
      None),
     (AttentionCase("gqa2_global_cap", 4, 2, [20, 0, 7], [1, 30, 12]), None, 3.0),
+    (AttentionCase("gqa3_bf16_decode_w20_cap", 9, 3, [5, 15, 16, 100], [1, 1, 1, 1],
+                   dtype=torch.bfloat16), 20, 1.5),
     # Long decodes whose windows the CPU plan cuts into KV splits (with 2 threads); a prefill
     # tile whose rows' windows start in different key chunks.
     (AttentionCase("gqa3_long_decodes_w600", 9, 3, [2100, 700, 15], [1, 1, 1], head_dim=64),
