@@ -87,6 +87,9 @@ def _lazily_zeroed(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     NOTE: torch.zeros writes every page up front: 7 s for the default 5 GiB cache on a busy
     2-core machine, at every worker (re)start."""
     num_bytes = math.prod(shape) * dtype.itemsize
+    # NOTE: numpy asks Linux for transparent huge pages on allocations this large
+    # (madvise): decode attention reads blocks of a few KiB scattered over the cache, which
+    # on 4 KiB pages miss the TLB at nearly every block (benchmarks/decode_attention.py).
     buffer = np.zeros(num_bytes + _ALIGNMENT, dtype=np.uint8)
     offset = -buffer.ctypes.data % _ALIGNMENT
     return torch.from_numpy(buffer[offset:offset + num_bytes]).view(dtype).view(shape)

@@ -81,3 +81,39 @@ def test_cpu_caches_are_aligned_writable_zeros_in_every_dtype(dtype: torch.dtype
     assert not any(t.float().any() for c in caches for t in (c.key, c.value))
     caches[1].value[3].fill_(1.0)
     assert caches[1].value.float().sum() == 4 * 2 * 8 and not caches[1].key.float().any()
+
+
+def _thp_mode() -> str:
+    try:
+        text = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        return "absent"
+    return text[text.index("[") + 1:text.index("]")]
+
+
+def _huge_kib_in(low: int, high: int) -> int:
+    """AnonHugePages of the mappings overlapping [low, high), from /proc/self/smaps (the
+    advised range is a mapping of its own: madvise splits the one around it)."""
+    total, overlaps = 0, False
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            start, end = (int(x, 16) for x in head.split("-"))
+            overlaps = start < high and low < end
+        elif overlaps and head == "AnonHugePages:":
+            total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(_thp_mode() not in ("madvise", "always"),
+                    reason="this kernel offers no transparent huge pages")
+def test_cpu_cache_is_backed_by_huge_pages_once_written() -> None:
+    # SmolLM2's shape, 64 blocks (~23 MiB of bf16): whole 2 MiB pages inside it.
+    spec = KVCacheSpec(**SMOLLM2, dtype=torch.bfloat16)
+    caches = allocate_kv_caches(spec, 64, torch.device("cpu"))
+    for cache in caches:
+        cache.key.fill_(1.0)
+        cache.value.fill_(1.0)
+    low = caches[0].key.data_ptr()
+    high = caches[-1].value.data_ptr() + caches[-1].value.nbytes
+    assert _huge_kib_in(low, high) >= 4096
