@@ -200,6 +200,18 @@ class EngineRouter:
         return Route(chosen, reason, num_overlap * block_size,
                      num_prompt_blocks - num_overlap, num_prompt_blocks, block_size)
 
+    def cached_tokens(self, engines: Sequence[EngineView], token_ids: np.ndarray,
+                      cache_salt: str = "", lora_id: int = 0,
+                      mm_spans: tuple[MultiModalSpan, ...] = ()) -> dict[str, int]:
+        """Engine id -> leading prompt tokens it holds, as routing counts them (KV events, or
+        this router's predictions): what the prompt would not prefill there."""
+        if not engines:
+            return {}
+        block_size = engines[0].block_size
+        hashes = self._hasher(block_size).hash_blocks(token_ids, cache_salt, lora_id, mm_spans)
+        return {engine_id: num_blocks * block_size
+                for engine_id, num_blocks in self._overlaps(engines, hashes).items()}
+
     def _overlaps(self, engines: Sequence[EngineView], hashes: list[bytes]) -> dict[str, int]:
         """Engine id -> leading blocks held: from KV events where its scheduler publishes
         them, else from this router's predictions."""

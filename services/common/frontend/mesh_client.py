@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import structlog
@@ -57,6 +58,37 @@ class Generation:
     last_output_at: float = field(default_factory=time.monotonic)  # or placed, if later
     deadline_at: float | None = None            # monotonic: when the request must have ended
     placed_reconnects: dict[str, int] = field(default_factory=dict)  # instance -> its count
+
+
+# (candidate engines, a request) -> engine id -> leading prompt tokens it holds
+CachedTokens = Callable[[Sequence[EngineView], wire.GenerateRequest], dict[str, int]]
+
+
+def num_prompt_tokens(request: wire.GenerateRequest) -> int:
+    return len(request.prompt_token_ids) // 4   # packed int32
+
+
+def queue_move_target(here: EngineView, with_room: Sequence[EngineView], num_prompt: int,
+                      cached: dict[str, int]) -> EngineView | None:
+    """Where a request queued on `here` should go, if anywhere: the engine with room whose
+    prefill work — tokens queued or mid-prefill there, plus the prompt's tokens it does not
+    hold — is least, when that is less than here's (its queue, which counts this prompt,
+    less what here holds of it). Prefill tokens stand for time: every engine prefills at
+    about the same rate. A queue bound by sequence slots (every one taken) has no such
+    bound: it waits for a request to end, so any engine with room is sooner."""
+    if not with_room:
+        return None
+
+    def work_there(engine: EngineView) -> int:
+        return (engine.num_waiting_tokens + engine.num_running_prefill_tokens
+                + num_prompt - cached.get(engine.engine_id, 0))
+
+    best = min(with_room, key=lambda e: (work_there(e), e.load, e.engine_id))
+    if here.max_num_seqs and here.num_running >= here.max_num_seqs:
+        return best
+    work_here = (here.num_waiting_tokens + here.num_running_prefill_tokens
+                 - cached.get(here.engine_id, 0))
+    return best if work_there(best) < work_here else None
 
 
 class MeshClient:
@@ -221,12 +253,15 @@ class MeshClient:
             self.migrator.move([generation], "engine stalled", stalled_engine=generation.engine_id)
         return len(stalled)
 
-    def move_queued(self, after_s: float, busy_threshold: float) -> int:
+    def move_queued(self, after_s: float, busy_threshold: float,
+                    cached_tokens: CachedTokens | None = None) -> int:
         """Moves a generation still without its first token `after_s` after it was placed,
         on an engine with a queue, to an engine where it would start at once, with KV room
-        below `busy_threshold`: one slow or busy engine cannot hold requests the others
-        could serve. At most one per engine with room per sweep, so a queue is not moved whole
-        onto one engine."""
+        below `busy_threshold`, when its prefill would end sooner there (queue_move_target;
+        `cached_tokens` says what each engine holds of a prompt): one slow or busy engine
+        cannot hold requests the others could serve, and a long history cached where it
+        waits is not recomputed elsewhere for nothing. At most one per engine with room per
+        sweep, so a queue is not moved whole onto one engine."""
         if after_s <= 0:
             return 0
         now = time.monotonic()
@@ -241,11 +276,18 @@ class MeshClient:
                          and e.can_start_another and e.kv_cache_usage < busy_threshold]
             if here is None or here.num_waiting == 0 or len(with_room) <= moved:
                 continue
+            assert generation.request is not None   # is_movable
+            cached = (cached_tokens([here, *with_room], generation.request)
+                      if cached_tokens is not None else {})
+            target = queue_move_target(here, with_room, num_prompt_tokens(generation.request),
+                                       cached)
+            if target is None:
+                continue
             log.info("request queued past the bound; moving it",
                      request_id=generation.request_id, engine=generation.engine_id,
-                     queued_s=round(now - generation.placed_at, 1))
+                     to_engine=target.engine_id, queued_s=round(now - generation.placed_at, 1))
             self.migrator.move([generation], "queued behind a busy engine",
-                               away_from=generation.engine_id)
+                               away_from=generation.engine_id, to_engine=target.engine_id)
             moved += 1
         return moved
 

@@ -50,20 +50,22 @@ class Migrator:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def move(self, generations: list[Generation], reason: str,
-             stalled_engine: str | None = None, away_from: str | None = None) -> None:
+             stalled_engine: str | None = None, away_from: str | None = None,
+             to_engine: str | None = None) -> None:
         """Starts moving each generation (one already moving is left to that move), never
-        back onto `away_from`."""
+        back onto `away_from`; onto `to_engine` while it is a candidate, else the least
+        loaded."""
         for generation in generations:
             if generation.moving or generation.finished:
                 continue
             generation.moving = True
             task = asyncio.create_task(self._move(generation, reason, stalled_engine,
-                                                  away_from))
+                                                  away_from, to_engine))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
     async def _move(self, generation: Generation, reason: str, stalled_engine: str | None,
-                    away_from: str | None) -> None:
+                    away_from: str | None, to_engine: str | None) -> None:
         old_id, old_engine = generation.request_id, generation.engine_id
         try:
             await self._client.detach(generation)
@@ -72,7 +74,8 @@ class Migrator:
                     generation, f"{reason}; the request asked for prompt logprobs, so it "
                                 f"cannot continue elsewhere: retry the request")
                 return
-            error = await self._place_until_deadline(generation, stalled_engine, away_from)
+            error = await self._place_until_deadline(generation, stalled_engine, away_from,
+                                                     to_engine)
             if error is not None:
                 self._count("failed")
                 self._client.finish_with_error(generation, f"{reason} and no replacement took "
@@ -89,7 +92,7 @@ class Migrator:
             generation.moving = False
 
     async def _place_until_deadline(self, generation: Generation, stalled_engine: str | None,
-                                    away_from: str | None) -> str | None:
+                                    away_from: str | None, to_engine: str | None) -> str | None:
         """Places the continuation; None once it runs, else why it could not."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout_s
@@ -104,7 +107,7 @@ class Migrator:
             if away_from is not None:
                 avoid.append(away_from)
             try:
-                await self._place(generation, avoid)
+                await self._place(generation, avoid, to_engine)
                 return None
             except (ApiError, BusError) as exc:
                 if isinstance(exc, ApiError) and exc.status != 503:
@@ -113,11 +116,14 @@ class Migrator:
                     return exc.message if isinstance(exc, ApiError) else str(exc)
             await asyncio.sleep(RETRY_INTERVAL_S)
 
-    async def _place(self, generation: Generation, avoid: list[str]) -> None:
+    async def _place(self, generation: Generation, avoid: list[str],
+                     to_engine: str | None) -> None:
         first = generation.request
         assert first is not None and generation.detokenize is not None
         needs_lora = first.lora is not None and first.lora.lora_id > 0
-        engine = self._view.pick_engine(generation.model, avoid, needs_lora)
+        engine = next((e for e in self._view.candidate_engines(generation.model, avoid)
+                       if e.engine_id == to_engine), None)
+        engine = engine or self._view.pick_engine(generation.model, avoid, needs_lora)
         if engine is None:
             raise unavailable("no engine is ready", code="engine_unavailable")
         streamed = generation.output_token_ids

@@ -7,6 +7,7 @@ stall watchdog)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 from services.common import wire
@@ -14,10 +15,12 @@ from services.common.bus import Bus
 from services.common.frontend.context import FrontendContext
 from services.common.frontend.engine_router import EngineRouter, RouterMode, SessionTable
 from services.common.frontend.mesh_client import MeshClient
-from services.common.frontend.mesh_view import Instance, MeshView
+from services.common.frontend.mesh_view import EngineView, Instance, MeshView
 from services.common.frontend.settings import FrontendSettings
 from services.common.kv_event_stream import KVEventSubscriber
 from services.common.metrics import GatewayMetrics
+from services.common.mm_inputs import mm_spans
+from services.common.packing import unpack_int32
 from services.common.router import ApproximateIndex, PrefixIndex
 from services.common.subjects import Subjects
 from services.common.tasks import BackgroundTasks
@@ -89,8 +92,18 @@ class FrontendRuntime:
                     self._forget_engine(instance)
             client.move_stalled()
             client.move_queued(self.settings.router_queue_move_after_s,
-                               self.settings.router_session_busy_threshold)
+                               self.settings.router_session_busy_threshold, self._cached_tokens)
             self._export_event_state()
+
+    def _cached_tokens(self, engines: Sequence[EngineView],
+                       request: wire.GenerateRequest) -> dict[str, int]:
+        """What each engine holds of a request's prompt, by the KV router's index (nothing
+        known in the other modes)."""
+        if self.router.mode is not RouterMode.KV:
+            return {}
+        return self.router.cached_tokens(
+            engines, unpack_int32(request.prompt_token_ids), request.cache_salt,
+            request.lora.lora_id if request.lora else 0, mm_spans(request.mm_items))
 
     def _forget_engine(self, scheduler: Instance) -> None:
         if self.events is not None:

@@ -57,7 +57,8 @@ class RouterSettings:
         3600.0, "How long a session remembers its engine after its last request")
     router_queue_move_after_s: float = setting(
         15.0, "A request still waiting for its first token this long on an engine with a "
-        "queue moves to an engine with none and KV room (below the busy threshold); 0: never")
+        "queue moves to an engine with none and KV room (below the busy threshold) where its "
+        "prefill would end sooner (queued tokens plus the prompt tokens it lacks); 0: never")
     router_hash_algo: str = setting(
         "sha256", "Block hash of the prefix index; must equal the schedulers' "
         "--prefix-caching-hash-algo", choices=["sha256", "xxh3_128"])
