@@ -108,9 +108,10 @@ def _huge_kib_in(low: int, high: int) -> int:
 @pytest.mark.skipif(_thp_mode() not in ("madvise", "always"),
                     reason="this kernel offers no transparent huge pages")
 def test_cpu_cache_is_backed_by_huge_pages_once_written() -> None:
-    # SmolLM2's shape, 64 blocks (~23 MiB of bf16): whole 2 MiB pages inside it.
+    # SmolLM2's shape, 160 blocks (~59 MiB of bf16): past glibc's largest mmap threshold
+    # (32 MiB, which the worker sets), so fresh pages whatever this process did before.
     spec = KVCacheSpec(**SMOLLM2, dtype=torch.bfloat16)
-    caches = allocate_kv_caches(spec, 64, torch.device("cpu"))
+    caches = allocate_kv_caches(spec, 160, torch.device("cpu"))
     for cache in caches:
         cache.key.fill_(1.0)
         cache.value.fill_(1.0)
