@@ -88,8 +88,8 @@ def _lazily_zeroed(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     2-core machine, at every worker (re)start."""
     num_bytes = math.prod(shape) * dtype.itemsize
     # NOTE: numpy asks Linux for transparent huge pages on allocations this large
-    # (madvise): decode attention reads blocks of a few KiB scattered over the cache, which
-    # on 4 KiB pages miss the TLB at nearly every block (benchmarks/decode_attention.py).
+    # (madvise): decode attention, reading blocks of a few KiB scattered over the cache, is
+    # 0-10% faster on them (benchmarks/decode_attention.py).
     buffer = np.zeros(num_bytes + _ALIGNMENT, dtype=np.uint8)
     offset = -buffer.ctypes.data % _ALIGNMENT
     return torch.from_numpy(buffer[offset:offset + num_bytes]).view(dtype).view(shape)

@@ -46,3 +46,14 @@ def test_silent_instances_are_swept_and_engines_picked_by_load() -> None:
     gone = view.sweep()
     assert [i.instance_id for i in gone] == ["s2"]
     assert [e.engine_id for e in view.ready_engines()] == ["e0"]
+
+
+def test_a_preferred_engine_is_picked_while_it_is_a_candidate() -> None:
+    view = MeshView(stale_after_s=3.0, clock=Clock())
+    view.on_heartbeat(beat("scheduler", "s1", engine_id="e0", running=5))
+    view.on_heartbeat(beat("scheduler", "s2", engine_id="e1", running=1))
+    assert view.pick_engine("m", prefer="e0").engine_id == "e0"
+    # Avoided, gone, or unable to serve the request: the least loaded instead.
+    assert view.pick_engine("m", ["e0"], prefer="e0").engine_id == "e1"
+    assert view.pick_engine("m", prefer="e9").engine_id == "e1"
+    assert view.pick_engine("m", needs_lora=True, prefer="e0") is None

@@ -157,13 +157,15 @@ class MeshView:
         """Served model name -> its max_model_len, over ready engines."""
         return {e.model: e.max_model_len for e in self.ready_engines()}
 
-    def pick_engine(self, model: str, avoid: Collection[str] = (),
-                    needs_lora: bool = False) -> EngineView | None:
-        """The least-loaded of candidate_engines() (serving LoRA, with needs_lora)."""
+    def pick_engine(self, model: str, avoid: Collection[str] = (), needs_lora: bool = False,
+                    prefer: str | None = None) -> EngineView | None:
+        """`prefer` if it is one of candidate_engines() (serving LoRA, with needs_lora),
+        else the least-loaded of them."""
         engines = self.candidate_engines(model, avoid)
         if needs_lora:
             engines = [e for e in engines if e.max_loras]
-        return least_loaded(engines) if engines else None
+        preferred = next((e for e in engines if e.engine_id == prefer), None)
+        return preferred or (least_loaded(engines) if engines else None)
 
     def candidate_engines(self, model: str, avoid: Collection[str] = ()) -> list[EngineView]:
         """The ready engines serving `model` a request may go to (none of `avoid`):

@@ -121,9 +121,7 @@ class Migrator:
         first = generation.request
         assert first is not None and generation.detokenize is not None
         needs_lora = first.lora is not None and first.lora.lora_id > 0
-        engine = next((e for e in self._view.candidate_engines(generation.model, avoid)
-                       if e.engine_id == to_engine), None)
-        engine = engine or self._view.pick_engine(generation.model, avoid, needs_lora)
+        engine = self._view.pick_engine(generation.model, avoid, needs_lora, prefer=to_engine)
         if engine is None:
             raise unavailable("no engine is ready", code="engine_unavailable")
         streamed = generation.output_token_ids
