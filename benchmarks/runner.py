@@ -12,11 +12,13 @@ the pure-torch fallback (LLM_MESH_CPU_KERNELS=0), and prints the torch/cpp step-
 tokens and one of 2,100); --background busy|light runs a competing process during the
 measurements (busy: one core kept at 100%; light: ~1 ms of CPU every 10 ms, like the mesh's
 other services). --tensor-parallel-sizes 1,2 runs the model on one rank and split over two
-(each rank on its share of the cores) and prints the TP=2/TP=1 step-time ratios.
+(each rank on its share of the cores) and prints the TP=2/TP=1 step-time ratios. --profile-batch N adds the torch profiler's table of
+where N requests' decode steps spend their time.
 
     .venv/bin/python -m benchmarks.runner --dtypes float32,bfloat16 --batch-sizes 1,8,32,64
     .venv/bin/python -m benchmarks.runner --kernels cpp,torch --mixed-contexts 160x15,2100x1
     .venv/bin/python -m benchmarks.runner --weights dense --tensor-parallel-sizes 1,2
+    .venv/bin/python -m benchmarks.runner --dtypes bfloat16 --batch-sizes 32 --profile-batch 32
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any
 import numpy as np
 import structlog
 import torch
+from torch.autograd import DeviceType
 
 from benchmarks.harness import print_preamble
 from kernels import cpu_ops
@@ -178,17 +181,20 @@ class StepPhases:
                                 sample=m["sample"] - m["forward"], output=now - m["sample"])
 
 
-def read_bandwidth_gbs() -> float:
-    """The machine's read bandwidth (GB/s): the best of a 512 MiB sum and a 256 MiB
-    matrix-vector product (the read pattern of a batch-1 decode), median of 5 each."""
-    x = torch.ones(128 * 2**20, dtype=torch.float32)
-    weight, vector = x[:64 * 2**20].view(-1, 1024), torch.ones(1, 1024)
+def read_bandwidth_gbs(device: torch.device) -> float:
+    """The read bandwidth (GB/s) of the memory the model runs from (RAM, or the GPU's): the
+    best of a 512 MiB sum and a 256 MiB matrix-vector product (the read pattern of a batch-1
+    decode), median of 5 each."""
+    x = torch.ones(128 * 2**20, dtype=torch.float32, device=device)
+    weight, vector = x[:64 * 2**20].view(-1, 1024), torch.ones(1, 1024, device=device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
 
     def gbs(fn, num_bytes: int) -> float:
         times = []
         for _ in range(6):
             t = time.perf_counter()
             fn()
+            sync()
             times.append(time.perf_counter() - t)
         return num_bytes / statistics.median(times[1:]) / 1e9
 
@@ -239,6 +245,8 @@ def _bench_runner(args: argparse.Namespace, runner: ModelRunner, dtype: str, ker
         cases.append((f"mixed {label}", [n for n, c in args.mixed_contexts for _ in range(c)]))
     step_ms = {}
     for label, prompt_lens in cases:
+        if runner.device.type == "cuda":   # Triton compiles each new specialization once
+            measure(args, driver, phases, prompt_lens)
         med, prefill_tps = measure(args, driver, phases, prompt_lens)
         step_ms[label] = med["step"]
         num = len(prompt_lens)
@@ -253,7 +261,34 @@ def _bench_runner(args: argparse.Namespace, runner: ModelRunner, dtype: str, ker
                 line += (f", of the bytes it reads {read_bound_ms:.1f} ms "
                          f"({med['step'] / read_bound_ms:.2f}x)")
         print(line, flush=True)
+    if args.profile_batch:
+        profile_decode(args, driver, args.profile_batch)
     return step_ms
+
+
+def profile_decode(args: argparse.Namespace, driver: Driver, batch_size: int) -> None:
+    """The torch profiler over --decode-steps decode steps at one batch size: the ops (on
+    CUDA the kernels) that took the most time, and how many kernels a step launches."""
+    handles = list(range(batch_size))
+    driver.add_and_prefill(handles, args.max_num_batched_tokens, [args.prompt_len] * batch_size)
+    driver.decode(handles)   # warm: the first step after prefill may compile or capture
+    cuda = driver.runner.device.type == "cuda"
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if cuda:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(args.decode_steps):
+            driver.decode(handles)
+        if cuda:
+            torch.cuda.synchronize()
+    driver.finish(handles)
+    events = prof.key_averages()
+    sort_by = "self_device_time_total" if cuda else "self_cpu_time_total"
+    print(f"\n-- profile: batch {batch_size}, {args.decode_steps} decode steps, by {sort_by}")
+    print(events.table(sort_by=sort_by, row_limit=args.profile_rows, max_name_column_width=60))
+    if cuda:
+        kernels = sum(e.count for e in events if e.device_type == DeviceType.CUDA)
+        print(f"-- kernels launched per decode step: {kernels / args.decode_steps:.0f}")
 
 
 def print_ratio(dtype: str, what: str, names: list[str],
@@ -309,12 +344,18 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="also a decode batch of unequal contexts, e.g. 160x15,2100x1")
     parser.add_argument("--background", default="none", choices=["none", *BACKGROUND_CODE],
                         help="a competing process during the run")
+    parser.add_argument("--profile-batch", type=int, default=0,
+                        help="also profile the decode steps at this batch size (torch "
+                             "profiler: top ops, or kernels on CUDA)")
+    parser.add_argument("--profile-rows", type=int, default=20)
     args = parser.parse_args(argv)
     print_preamble()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
     files = resolve_model(args.model)
     torch.set_num_threads(args.num_threads or torch.get_num_threads())
-    bandwidth = read_bandwidth_gbs()
+    # The model runs where the worker's device=auto puts it.
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    bandwidth = read_bandwidth_gbs(device)
     background = None
     if args.background != "none":
         background = subprocess.Popen([sys.executable, "-c", BACKGROUND_CODE[args.background]])

@@ -119,6 +119,20 @@ def accelerator_kv_budget(gpu_memory_utilization: float, total_bytes: int,
     return int(gpu_memory_utilization * total_bytes) - used_by_others_bytes - peak_bytes
 
 
+def explicit_accelerator_kv_budget(requested_bytes: int, available_bytes: int,
+                                   gpu_memory_utilization: float) -> int:
+    """--kv-cache-memory on an accelerator: exactly that much, as vLLM's
+    --kv-cache-memory-bytes (utilization then only bounds it), if it fits beside the weights
+    and activations."""
+    if requested_bytes > available_bytes:
+        raise KVCacheTooSmallError(
+            f"--kv-cache-memory asks for {requested_bytes / 2**30:.2f} GiB of KV cache but only "
+            f"{max(available_bytes, 0) / 2**30:.2f} GiB is left on the device within "
+            f"--gpu-memory-utilization {gpu_memory_utilization} (after other processes, the "
+            "weights and peak activations): lower --kv-cache-memory or raise the utilization")
+    return requested_bytes
+
+
 def log_kv_cache_size(spec: KVCacheSpec, num_blocks: int, max_model_len: int) -> None:
     num_tokens = (num_blocks - NUM_NULL_BLOCKS) * spec.block_size
     log.info("KV cache sized", num_blocks=num_blocks, block_size=spec.block_size,

@@ -28,6 +28,7 @@ from services.worker.kv.connector import WorkerKVConnector, kv_fingerprint
 from services.worker.kv_cache import (
     accelerator_kv_budget,
     allocate_kv_caches,
+    explicit_accelerator_kv_budget,
     available_cpu_memory,
     log_kv_cache_size,
     num_blocks_for_budget,
@@ -254,13 +255,18 @@ class ModelRunner:
             self.parallel.close()
 
     def _num_kv_blocks(self, memory_before_load: tuple[int, int] | None) -> int:
-        """CPU: --kv-cache-memory, or a fraction of available RAM. Accelerator: vLLM's rule,
-        utilization x total minus others' use, our weights and peak activations."""
+        """--kv-cache-memory where set (on an accelerator too, as vLLM's
+        --kv-cache-memory-bytes, if it fits). Else on CPU a fraction of available RAM, on an
+        accelerator vLLM's rule: utilization x total minus others' use, our weights and peak
+        activations."""
         config = self.config
         if memory_before_load is not None:
             free, total = memory_before_load
             budget = accelerator_kv_budget(config.gpu_memory_utilization, total, total - free,
                                            self._profile_peak_bytes())
+            if config.kv_cache_memory:
+                budget = explicit_accelerator_kv_budget(config.kv_cache_memory, budget,
+                                                        config.gpu_memory_utilization)
         else:
             budget = config.kv_cache_memory or int(
                 config.kv_cache_memory_fraction * available_cpu_memory())

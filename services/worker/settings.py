@@ -17,8 +17,9 @@ class WorkerSettings(CommonSettings, EngineSettings, KVTLSSettings):
                                 "in --dtype)", choices=("none", "int8"))
     kv_cache_dtype: str = setting("auto", "KV cache dtype (fp8: e4m3 with scales, half the "
                                   "bytes)", choices=("auto", "fp8"))
-    kv_cache_memory: int = setting(0, "Bytes of KV cache (0: --kv-cache-memory-fraction of "
-                                   "available RAM on CPU)")
+    kv_cache_memory: int = setting(0, "Bytes of KV cache, on an accelerator too (0: "
+                                   "--kv-cache-memory-fraction of available RAM on CPU, "
+                                   "--gpu-memory-utilization on an accelerator)")
     kv_cache_memory_fraction: float = setting(0.25, "CPU: share of available RAM for the KV "
                                               "cache when --kv-cache-memory is 0")
     gpu_memory_utilization: float = setting(0.9, "Accelerator: share of its memory this "

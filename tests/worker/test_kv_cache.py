@@ -14,6 +14,7 @@ from services.worker.kv_cache import (
     KVCacheTooSmallError,
     accelerator_kv_budget,
     allocate_kv_caches,
+    explicit_accelerator_kv_budget,
     kv_cache_dtype,
     num_blocks_for_budget,
 )
@@ -62,6 +63,17 @@ def test_refuses_a_budget_below_one_max_length_request_with_what_to_do() -> None
 def test_accelerator_budget_subtracts_others_and_our_peak() -> None:
     gib = 2**30
     assert accelerator_kv_budget(0.9, 80 * gib, 2 * gib, 10 * gib) == int(0.9 * 80 * gib) - 12 * gib
+
+
+def test_explicit_accelerator_budget_is_exact_when_it_fits_and_refused_when_not() -> None:
+    gib = 2**30
+    available = accelerator_kv_budget(0.9, 80 * gib, 2 * gib, 10 * gib)
+    assert explicit_accelerator_kv_budget(8 * gib, available, 0.9) == 8 * gib
+    with pytest.raises(KVCacheTooSmallError) as err:
+        explicit_accelerator_kv_budget(70 * gib, available, 0.9)
+    message = str(err.value)
+    assert "70.00 GiB" in message and f"{available / gib:.2f} GiB" in message
+    assert "--gpu-memory-utilization 0.9" in message
 
 
 def test_allocated_caches_are_zeroed_views_of_one_region() -> None:
