@@ -5,13 +5,16 @@ spilled, and the plain modes."""
 from __future__ import annotations
 
 import dataclasses
+import time
+from collections.abc import Callable
 
 import numpy as np
 from prometheus_client import CollectorRegistry
 
 from services.common import wire
 from services.common.block_hash import BlockHasher
-from services.common.frontend.engine_router import EngineRouter, RouterMode, SessionTable
+from services.common.frontend.engine_router import (RELEASE_MAX_AGE_S, EngineRouter, RouterMode,
+                                                    SessionTable)
 from services.common.frontend.mesh_view import EngineView
 from services.common.metrics import RouterMetrics
 from services.common.router import ApproximateIndex, PrefixIndex
@@ -31,9 +34,10 @@ def tokens(seed: int, count: int = 8 * BLOCK_SIZE) -> np.ndarray:
 
 
 def router(mode: RouterMode = RouterMode.KV, busy: float = 0.9,
-           metrics: RouterMetrics | None = None) -> EngineRouter:
+           metrics: RouterMetrics | None = None,
+           wall_clock: Callable[[], float] = time.time) -> EngineRouter:
     return EngineRouter(mode, PrefixIndex(), ApproximateIndex(60.0), SessionTable(60.0),
-                        session_busy_threshold=busy, metrics=metrics)
+                        session_busy_threshold=busy, metrics=metrics, wall_clock=wall_clock)
 
 
 def stored(prompt: np.ndarray) -> list[wire.KvEvent]:
@@ -142,7 +146,8 @@ def test_sessions_expire_and_stay_bounded() -> None:
 
 
 def test_a_request_that_ended_stops_counting_before_the_next_heartbeat() -> None:
-    kv = router()
+    now = [100.0]
+    kv = router(wall_clock=lambda: now[0])
     history = tokens(14)                    # 8 blocks, held by e0
     kv.index.apply("sched-e0", stored(history))
     kv.index.apply("sched-e1", CLEARED)
@@ -152,7 +157,39 @@ def test_a_request_that_ended_stops_counting_before_the_next_heartbeat() -> None
     kv.settle(before := kv.route(stale, follow_up))
     assert before.engine.engine_id == "e1"                         # 3 + 20 > 11
     ended = kv.route([engine("e0"), engine("e1")], history)
-    kv.release(ended, num_output_tokens=12 * BLOCK_SIZE)           # 8 + 12 blocks
+    kv.release(ended, num_output_tokens=12 * BLOCK_SIZE)           # 8 + 12 blocks, at 100 s
     assert kv.route(stale, follow_up).engine.engine_id == "e0"     # 3 + 0 < 11
-    kv.on_engine_heartbeat("e0")                                   # a report that counts it
+    # A report made before the release, arriving after it, still counts the request.
+    kv.on_engine_heartbeat("e0", made_at=99.9)
+    assert kv.route(stale, follow_up).engine.engine_id == "e0"
+    kv.on_engine_heartbeat("e0", made_at=100.1)                    # a report that counts it
+    assert kv.route(stale, follow_up).engine.engine_id == "e1"
+
+
+def test_a_request_moved_away_is_released_where_it_ended() -> None:
+    kv = router()
+    kv.index.apply("sched-e0", stored(history := tokens(14)))
+    kv.index.apply("sched-e1", CLEARED)
+    follow_up = np.concatenate([history, tokens(15, 40)])
+    # Routed to e1, moved off its queue to e0, which still reports it running.
+    moved = kv.route([engine("e0", kv_cache_usage=0.5), engine("e1")], tokens(16))
+    assert moved.engine.engine_id == "e1"
+    stale = [engine("e0", kv_cache_usage=0.02), engine("e1")]
+    kv.release(moved, num_output_tokens=12 * BLOCK_SIZE, ended_on="e0")
+    assert kv.route(stale, follow_up).engine.engine_id == "e0"
+
+
+def test_a_release_stops_counting_past_its_age_whatever_the_schedulers_clock() -> None:
+    now = [100.0]
+    kv = router(wall_clock=lambda: now[0])
+    kv.index.apply("sched-e0", stored(history := tokens(14)))
+    kv.index.apply("sched-e1", CLEARED)
+    follow_up = np.concatenate([history, tokens(15, 40)])
+    stale = [engine("e0", kv_cache_usage=0.02), engine("e1")]
+    kv.release(kv.route([engine("e0"), engine("e1")], history), num_output_tokens=12 * BLOCK_SIZE)
+    now[0] += RELEASE_MAX_AGE_S / 2
+    kv.on_engine_heartbeat("e0", made_at=50.0)        # a scheduler clock far behind
+    assert kv.route(stale, follow_up).engine.engine_id == "e0"
+    now[0] += RELEASE_MAX_AGE_S
+    kv.on_engine_heartbeat("e0", made_at=50.0)
     assert kv.route(stale, follow_up).engine.engine_id == "e1"

@@ -37,6 +37,10 @@ from services.common.router import ApproximateIndex, EngineLoad, PrefixIndex, Ro
 MAX_SESSIONS = 100_000
 # What a prompt's block hashes mix in beside its tokens: cache salt, LoRA id, image spans.
 PrefixKey = tuple[str, int, tuple[MultiModalSpan, ...]]
+# A released request's blocks leave the engine's load at its first heartbeat made after the
+# release, by the scheduler's clock; past this age they leave anyway, so a scheduler whose
+# clock runs behind the gateway's cannot keep its load undercounted for long.
+RELEASE_MAX_AGE_S = 3.0
 
 
 class RouterMode(str, Enum):
@@ -89,7 +93,8 @@ class EngineRouter:
     def __init__(self, mode: RouterMode, index: PrefixIndex, approximate: ApproximateIndex,
                  sessions: SessionTable, *, overlap_weight: float = 1.0,
                  temperature: float = 0.0, session_busy_threshold: float = 0.9,
-                 hash_algo: str = "sha256", metrics: RouterMetrics | None = None) -> None:
+                 hash_algo: str = "sha256", metrics: RouterMetrics | None = None,
+                 wall_clock: Callable[[], float] = time.time) -> None:
         self.mode = mode
         self._overlap_weight = overlap_weight
         self._temperature = temperature
@@ -101,10 +106,11 @@ class EngineRouter:
         self._hashers: dict[int, BlockHasher] = {}     # by block size, as engines report it
         self._costs: dict[int, RoutingCost] = {}
         self._pending_blocks: dict[str, int] = {}    # engine id -> prompts not yet prefilled
-        # engine id -> blocks of this router's requests that ended since the engine's last
-        # heartbeat, which still counts them (a turn that follows at once would see the
-        # engine it just left as busy).
-        self._released_blocks: dict[str, int] = {}
+        # engine id -> (wall time of the release, blocks) of this router's requests that
+        # ended after the engine's last heartbeat was made, which still counts them (a turn
+        # that follows at once would see the engine it just left as busy).
+        self._released_blocks: dict[str, list[tuple[float, int]]] = {}
+        self._wall_clock = wall_clock
         self._turn = itertools.count()
         self._metrics = metrics
 
@@ -139,20 +145,30 @@ class EngineRouter:
         else:
             self._pending_blocks.pop(engine_id, None)
 
-    def release(self, route: Route, num_output_tokens: int) -> None:
-        """The request ended: its blocks leave the engine's load before its heartbeat says."""
+    def release(self, route: Route, num_output_tokens: int, ended_on: str = "") -> None:
+        """The request ended on engine `ended_on` (default: the routed one; a request moved
+        off its queue ends elsewhere): its blocks leave that engine's load before its
+        heartbeat says."""
         self.settle(route)
         if route.released:
             return
         route.released = True
-        engine_id = route.engine.engine_id
-        self._released_blocks[engine_id] = (
-            self._released_blocks.get(engine_id, 0) + route.num_prompt_blocks
-            + math.ceil(num_output_tokens / route.block_size))
+        num_blocks = route.num_prompt_blocks + math.ceil(num_output_tokens / route.block_size)
+        self._released_blocks.setdefault(ended_on or route.engine.engine_id, []).append(
+            (self._wall_clock(), num_blocks))
 
-    def on_engine_heartbeat(self, engine_id: str) -> None:
-        """A fresh load report: what ended before it is no longer counted in it."""
-        self._released_blocks.pop(engine_id, None)
+    def on_engine_heartbeat(self, engine_id: str, made_at: float) -> None:
+        """A fresh load report, made at `made_at` (the scheduler's wall clock): what ended
+        before it no longer counts in it. A report made before a release, though it arrives
+        after (heartbeats come straight from the scheduler, a finish through the tokenizer),
+        still counts that request."""
+        released = self._released_blocks.get(engine_id)
+        if released is None:
+            return
+        oldest = self._wall_clock() - RELEASE_MAX_AGE_S
+        released[:] = [(at, n) for at, n in released if at > made_at and at > oldest]
+        if not released:
+            del self._released_blocks[engine_id]
 
     def observe_cached(self, num_cached_tokens: int) -> None:
         """What the engine actually found cached, beside what the router predicted."""
@@ -228,7 +244,8 @@ class EngineRouter:
                       else self.approximate.num_blocks_of(engine.engine_id))
         reported = round(engine.kv_cache_usage * engine.num_blocks)
         return EngineLoad(
-            num_active_blocks=max(0, reported - self._released_blocks.get(engine.engine_id, 0)),
+            num_active_blocks=max(0, reported - sum(
+                n for _, n in self._released_blocks.get(engine.engine_id, ()))),
             num_pending_prefill_blocks=(math.ceil((engine.num_waiting_tokens
                                                    + engine.num_running_prefill_tokens)
                                                   / block_size)

@@ -402,7 +402,9 @@ class GenerationRun:
     async def close(self) -> None:
         """Aborts every choice still running (client gone, error, timeout)."""
         if self.router is not None and self.route is not None:
-            self.router.release(self.route, sum(self._num_tokens.values()))
+            # NOTE: a move may have placed the choices elsewhere; the first says where.
+            ended_on = self.generations[0].engine_id if self.generations else ""
+            self.router.release(self.route, sum(self._num_tokens.values()), ended_on)
         for generation in self.generations:
             if not generation.finished:
                 self.timer.on_aborted(generation.index, generation.request_id,

@@ -78,7 +78,7 @@ class FrontendRuntime:
         if self.view.on_heartbeat(beat):
             self.metrics.instances_started.labels(beat.service).inc()
         if beat.service == "scheduler":
-            self.router.on_engine_heartbeat(beat.engine_id)
+            self.router.on_engine_heartbeat(beat.engine_id, beat.time)
 
     async def _sweep_loop(self, client: MeshClient) -> None:
         while True:
