@@ -9,9 +9,9 @@ cache. Block 0 is the null block: allocated, never handed out by the scheduler.
 from __future__ import annotations
 
 import math
+import mmap
 from dataclasses import dataclass
 
-import numpy as np
 import structlog
 import torch
 
@@ -21,7 +21,6 @@ log = structlog.get_logger(__name__)
 
 KV_CACHE_DTYPES = ("auto", "fp8")
 NUM_NULL_BLOCKS = 1
-_ALIGNMENT = 64   # bytes: an AVX-512 vector
 
 
 class KVCacheTooSmallError(ValueError):
@@ -82,17 +81,19 @@ def num_blocks_for_budget(spec: KVCacheSpec, budget_bytes: int, max_model_len: i
 
 
 def _lazily_zeroed(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A zero tensor whose pages the kernel zeroes on first touch (calloc: fresh mmap'd
-    pages), 64-byte aligned for the kernels' vector loads.
+    """A zero tensor in its own anonymous mapping, whose pages the kernel zeroes on first
+    touch, on transparent huge pages where the kernel offers them.
     NOTE: torch.zeros writes every page up front: 7 s for the default 5 GiB cache on a busy
-    2-core machine, at every worker (re)start."""
+    2-core machine, at every worker (re)start. Not from the heap either (numpy, calloc): a
+    long-lived process's allocator may serve it from already-touched 4 KiB pages, and decode
+    attention, reading blocks of a few KiB scattered over the cache, is 0-10% slower there
+    (benchmarks/decode_attention.py --pages)."""
     num_bytes = math.prod(shape) * dtype.itemsize
-    # NOTE: numpy asks Linux for transparent huge pages on allocations this large
-    # (madvise): decode attention, reading blocks of a few KiB scattered over the cache, is
-    # 0-10% faster on them (benchmarks/decode_attention.py).
-    buffer = np.zeros(num_bytes + _ALIGNMENT, dtype=np.uint8)
-    offset = -buffer.ctypes.data % _ALIGNMENT
-    return torch.from_numpy(buffer[offset:offset + num_bytes]).view(dtype).view(shape)
+    region = mmap.mmap(-1, max(num_bytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):   # Linux; page-aligned, so vector loads are aligned
+        region.madvise(mmap.MADV_HUGEPAGE)
+    # NOTE: the tensor holds a reference to the mapping, which lives as long as it does.
+    return torch.frombuffer(region, dtype=torch.uint8, count=num_bytes).view(dtype).view(shape)
 
 
 def allocate_kv_caches(spec: KVCacheSpec, num_blocks: int,
