@@ -20,6 +20,7 @@ from kernels.reference import (
     ref_paged_prefill_attention,
     ref_reshape_and_cache,
 )
+from tests.kernels.layer_ops_cases import LAYER_OPS_CHECKS
 from tests.kernels.paged_batch import DTYPES, assert_close, make_paged_batch
 
 RESULT_MARK = "@@kernel-case "
@@ -254,7 +255,9 @@ PREFILL_CASES = {
         head_dim=64, dtype="float16", fp8=True, cuda_only=True),
 }
 
-CASES: dict[str, Case] = {**CACHE_CASES, **DECODE_CASES, **PREFILL_CASES}
+LAYER_OPS_CASES = {name: Case(check) for name, check in LAYER_OPS_CHECKS.items()}
+
+CASES: dict[str, Case] = {**CACHE_CASES, **DECODE_CASES, **PREFILL_CASES, **LAYER_OPS_CASES}
 
 
 def main(names: list[str]) -> None:

@@ -1,11 +1,15 @@
-"""A decoder layer's small steps (RMSNorm with the residual add, SiLU-and-mul): torch or C++.
-GELU(tanh)-and-mul (Gemma) has no C++ kernel: it runs in torch on every path.
+"""A decoder layer's small steps (RMSNorm with the residual add, SiLU-and-mul): torch, C++ or
+Triton. GELU(tanh)-and-mul (Gemma) has no fused kernel: it runs in torch on every path.
 
-TorchLayerOps is the reference and the GPU path; CpuLayerOps runs each step as one fused C++
-kernel (kernels/cpu/layer_ops.cpp) that rounds where the torch expressions round: they agree
-bit for bit, but for RMSNorm in fp32, whose sum of squares is reduced in another order (the
-last bit may differ; greedy output still equals HF's, tests/worker/test_runner_vs_hf.py). Measured at a batch-1 decode step of SmolLM2-135M (2 cores): the torch
-versions cost ~60 small ops per step in dispatch and temporaries.
+TorchLayerOps is the reference. TritonLayerOps, the CUDA path, runs each step as one Triton
+kernel (kernels/triton_layer_ops.py): bit-exact with torch on CUDA, but for RMSNorm, whose
+sum of squares is reduced in another order (fp32: a few ulps; 16-bit: a rare near-tie rounds
+the other way).
+CpuLayerOps runs each step as one fused C++ kernel (kernels/cpu/layer_ops.cpp) that rounds
+where the torch expressions round: they agree bit for bit, but for RMSNorm in fp32, whose sum
+of squares is reduced in another order (the last bit may differ; greedy output still equals
+HF's, tests/worker/test_runner_vs_hf.py). Measured at a batch-1 decode step of SmolLM2-135M
+(2 cores): the torch versions cost ~60 small ops per step in dispatch and temporaries.
 """
 
 from __future__ import annotations
@@ -20,6 +24,9 @@ from services.worker.models.config import UnsupportedModelError
 
 
 class TorchLayerOps:
+    # The module whose rotary_embedding(x, cos, sin) rotates in place (rotary.py), if any.
+    rotary_kernels: ModuleType | None = None
+
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMSNorm over the last dim (x may be a strided [T, H, D] view): a new tensor."""
         if x.dtype == torch.float32:
@@ -60,6 +67,7 @@ class TorchLayerOps:
 class CpuLayerOps(TorchLayerOps):
     def __init__(self, ops: ModuleType):
         self.ops = ops
+        self.rotary_kernels = ops
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return self.ops.rms_norm(x, weight, eps)
@@ -73,3 +81,39 @@ class CpuLayerOps(TorchLayerOps):
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         return self.ops.silu_and_mul(gate_up)
 
+
+
+class TritonLayerOps(TorchLayerOps):
+    """One kernel per step on CUDA, where the torch versions launch ~22 small kernels per layer
+    (measured: 717 per decode step of SmolLM2-135M's 30 layers on an H200)."""
+
+    def __init__(self) -> None:
+        # NOTE: imported here so that only models on a GPU import triton (a second at start-up).
+        from kernels import triton_layer_ops
+
+        self.ops = triton_layer_ops
+        self.rotary_kernels = triton_layer_ops
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        if not _is_dense_rows(x, weight):
+            return super().rms_norm(x, weight, eps)
+        return self.ops.rms_norm(x, weight, eps)
+
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            return self.rms_norm(x, weight, eps), x
+        if x.dim() != 2 or not _is_dense_rows(x, weight) or residual.stride(-1) != 1:
+            return super().add_rms_norm(x, residual, weight, eps)
+        return self.ops.add_rms_norm(x, residual, weight, eps), x
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if gate_up.stride(-1) != 1:
+            return super().silu_and_mul(gate_up)
+        return self.ops.silu_and_mul(gate_up)
+
+
+def _is_dense_rows(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the kernels take x: [T, D] or [T, H, D] rows with a dense last dim, and a
+    weight of x's dtype (torch promotes a mixed pair; the kernels round to x's dtype)."""
+    return x.dim() in (2, 3) and x.stride(-1) == 1 and weight.dtype == x.dtype
