@@ -27,7 +27,7 @@ from services.worker.models.checkpoint_quant.scheme import LinearLike
 from services.worker.models.config import ModelConfig
 from services.worker.models.int8 import Int8Linear
 from services.worker.models.quantized import BlockSource
-from services.worker.models.layer_ops import CpuLayerOps, TorchLayerOps
+from services.worker.models.layer_ops import CpuLayerOps, TorchLayerOps, TritonLayerOps
 from services.worker.models.layers import Linear
 from services.worker.models.rotary import RotaryEmbedding
 from services.worker.models.vision.mrope import MRotaryEmbedding
@@ -138,13 +138,16 @@ class LlamaForCausalLM:
         """`blocks`: the GGUF blocks of the weights, read by small batches (quantized.py);
         quantization "int8": every linear is an Int8Linear (int8.py)."""
         self.config = config
-        # NOTE: on CPU the layers' small steps run as fused C++ kernels where they could be
-        # built (kernels/cpu_ops.py), in torch otherwise.
+        # NOTE: the layers' small steps (norms, SiLU-and-mul, rope) run as one kernel each: Triton
+        # on CUDA, C++ on CPU where those could be built (kernels/cpu_ops.py), torch otherwise.
         kernels = load_cpu_kernels() if weights.device.type == "cpu" else None
-        self.ops = CpuLayerOps(kernels) if kernels is not None else TorchLayerOps()
-        # Qwen2-VL: M-RoPE over positions [3, T] (vision/mrope.py).
+        self.ops = (TritonLayerOps() if weights.device.type == "cuda"
+                    else CpuLayerOps(kernels) if kernels is not None else TorchLayerOps())
+        rotary_kernels = self.ops.rotary_kernels
+        # Qwen2-VL: M-RoPE over positions [3, T] (vision/mrope.py); on CUDA its rope stays torch.
         self.rotary = (RotaryEmbedding(config.head_dim, max_position, config.rope_theta,
-                                       config.rope_scaling, weights.dtype, weights.device, kernels)
+                                       config.rope_scaling, weights.dtype, weights.device,
+                                       rotary_kernels)
                        if config.mrope_section is None else
                        MRotaryEmbedding(config.head_dim, max_position, config.rope_theta,
                                         config.mrope_section, weights.dtype, weights.device,
@@ -172,7 +175,7 @@ class LlamaForCausalLM:
         # Gemma 3: sliding layers rotate with a rope base of their own.
         local_rotary = self.rotary if config.local_rope_theta is None else RotaryEmbedding(
             config.head_dim, max_position, config.local_rope_theta, None, weights.dtype,
-            weights.device, kernels)
+            weights.device, rotary_kernels)
         self.layers = [self.layer_cls(config, weights, i, attn,
                                       self.rotary if window is None else local_rotary,
                                       self.ops, linear)

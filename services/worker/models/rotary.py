@@ -18,7 +18,8 @@ class RotaryEmbedding:
 
     NOTE: the sign of rotate_half is folded into the sin table (its first half is negated), so
     applying rope is x * cos + roll(x, head_dim / 2) * sin: no slicing and no cat per layer.
-    With the CPU kernels (`ops`), one C++ call rotates x in place with the same roundings.
+    With fused kernels (`ops`: the CPU kernels or kernels/triton_layer_ops), one call rotates x
+    in place with the same roundings.
     """
 
     def __init__(self, head_dim: int, max_position: int, theta: float,
@@ -44,8 +45,8 @@ class RotaryEmbedding:
         return self.cos_cache[positions].unsqueeze(1), self.sin_cache[positions].unsqueeze(1)
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Rotates x [num_tokens, num_heads, head_dim]: in place with the CPU kernels (x may be
-        a strided view), else into a new contiguous tensor. Returns the rotated tensor."""
+        """Rotates x [num_tokens, num_heads, head_dim]: in place with the fused kernels (x may
+        be a strided view), else into a new contiguous tensor. Returns the rotated tensor."""
         if self.ops is not None:
             self.ops.rotary_embedding(x, cos, sin)
             return x
