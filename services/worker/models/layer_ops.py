@@ -113,6 +113,13 @@ class TritonLayerOps(TorchLayerOps):
         return self.ops.silu_and_mul(gate_up)
 
 
+def layer_ops_for(device: torch.device, cpu_kernels: ModuleType | None) -> TorchLayerOps:
+    """Triton on CUDA, the C++ kernels on CPU where they could be built, else torch."""
+    if device.type == "cuda":
+        return TritonLayerOps()
+    return CpuLayerOps(cpu_kernels) if cpu_kernels is not None else TorchLayerOps()
+
+
 def _is_dense_rows(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether the kernels take x: [T, D] or [T, H, D] rows with a dense last dim, and a
     weight of x's dtype (torch promotes a mixed pair; the kernels round to x's dtype)."""

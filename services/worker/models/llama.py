@@ -27,7 +27,7 @@ from services.worker.models.checkpoint_quant.scheme import LinearLike
 from services.worker.models.config import ModelConfig
 from services.worker.models.int8 import Int8Linear
 from services.worker.models.quantized import BlockSource
-from services.worker.models.layer_ops import CpuLayerOps, TorchLayerOps, TritonLayerOps
+from services.worker.models.layer_ops import TorchLayerOps, layer_ops_for
 from services.worker.models.layers import Linear
 from services.worker.models.rotary import RotaryEmbedding
 from services.worker.models.vision.mrope import MRotaryEmbedding
@@ -141,8 +141,7 @@ class LlamaForCausalLM:
         # NOTE: the layers' small steps (norms, SiLU-and-mul, rope) run as one kernel each: Triton
         # on CUDA, C++ on CPU where those could be built (kernels/cpu_ops.py), torch otherwise.
         kernels = load_cpu_kernels() if weights.device.type == "cpu" else None
-        self.ops = (TritonLayerOps() if weights.device.type == "cuda"
-                    else CpuLayerOps(kernels) if kernels is not None else TorchLayerOps())
+        self.ops = layer_ops_for(weights.device, kernels)
         rotary_kernels = self.ops.rotary_kernels
         # Qwen2-VL: M-RoPE over positions [3, T] (vision/mrope.py); on CUDA its rope stays torch.
         self.rotary = (RotaryEmbedding(config.head_dim, max_position, config.rope_theta,
