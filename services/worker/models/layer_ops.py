@@ -82,7 +82,6 @@ class CpuLayerOps(TorchLayerOps):
         return self.ops.silu_and_mul(gate_up)
 
 
-
 class TritonLayerOps(TorchLayerOps):
     """One kernel per step on CUDA, where the torch versions launch ~22 small kernels per layer
     (measured: 717 per decode step of SmolLM2-135M's 30 layers on an H200)."""
