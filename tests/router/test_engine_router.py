@@ -166,6 +166,23 @@ def test_a_request_that_ended_stops_counting_before_the_next_heartbeat() -> None
     assert kv.route(stale, follow_up).engine.engine_id == "e1"
 
 
+def test_a_request_that_ended_within_a_heartbeat_stops_counting_as_waiting() -> None:
+    kv = router()
+    kv.index.apply("sched-e0", stored(history := tokens(14)))    # 8 blocks on e0
+    kv.index.apply("sched-e1", CLEARED)
+    follow_up = np.concatenate([history, tokens(15, 40)])       # 11 blocks, 8 of them on e0
+    # e0's last report was made while a short request (8 prompt blocks) still waited there;
+    # it ran and ended before the next one.
+    stale = [dataclasses.replace(engine("e0"), num_waiting=1,
+                                 num_waiting_tokens=8 * BLOCK_SIZE), engine("e1")]
+    kv.settle(before := kv.route(stale, follow_up))
+    assert before.engine.engine_id == "e1"           # 3 + 8 ties 11, and e1 is less loaded
+    short = kv.route([engine("e0"), engine("e1")], tokens(16))
+    kv.settle(short)
+    kv.release(short, num_output_tokens=4, ended_on="e0")
+    assert kv.route(stale, follow_up).engine.engine_id == "e0"          # 3 + 0 < 11
+
+
 def test_a_request_moved_away_is_released_where_it_ended() -> None:
     kv = router()
     kv.index.apply("sched-e0", stored(history := tokens(14)))

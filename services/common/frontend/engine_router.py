@@ -49,6 +49,14 @@ class RouterMode(str, Enum):
     ROUND_ROBIN = "round-robin"
 
 
+@dataclass(frozen=True, slots=True)
+class _Release:
+    """A request of this router that ended on an engine, at `at` (this router's wall clock)."""
+    at: float
+    num_blocks: int           # all it held: prompt and output
+    num_prompt_blocks: int    # what a report made while it waited counted as prefill to do
+
+
 @dataclass
 class Route:
     """One routing decision, kept by the request until its prefill is done."""
@@ -106,10 +114,10 @@ class EngineRouter:
         self._hashers: dict[int, BlockHasher] = {}     # by block size, as engines report it
         self._costs: dict[int, RoutingCost] = {}
         self._pending_blocks: dict[str, int] = {}    # engine id -> prompts not yet prefilled
-        # engine id -> (wall time of the release, blocks) of this router's requests that
-        # ended after the engine's last heartbeat was made, which still counts them (a turn
-        # that follows at once would see the engine it just left as busy).
-        self._released_blocks: dict[str, list[tuple[float, int]]] = {}
+        # engine id -> this router's requests that ended after the engine's last heartbeat
+        # was made, which still counts them, running or waiting (a turn that follows at once
+        # would see the engine it just left as busy).
+        self._releases: dict[str, list[_Release]] = {}
         self._wall_clock = wall_clock
         self._turn = itertools.count()
         self._metrics = metrics
@@ -154,21 +162,21 @@ class EngineRouter:
             return
         route.released = True
         num_blocks = route.num_prompt_blocks + math.ceil(num_output_tokens / route.block_size)
-        self._released_blocks.setdefault(ended_on or route.engine.engine_id, []).append(
-            (self._wall_clock(), num_blocks))
+        self._releases.setdefault(ended_on or route.engine.engine_id, []).append(
+            _Release(self._wall_clock(), num_blocks, route.num_prompt_blocks))
 
     def on_engine_heartbeat(self, engine_id: str, made_at: float) -> None:
         """A fresh load report, made at `made_at` (the scheduler's wall clock): what ended
         before it no longer counts in it. A report made before a release, though it arrives
         after (heartbeats come straight from the scheduler, a finish through the tokenizer),
         still counts that request."""
-        released = self._released_blocks.get(engine_id)
-        if released is None:
+        releases = self._releases.get(engine_id)
+        if releases is None:
             return
         oldest = self._wall_clock() - RELEASE_MAX_AGE_S
-        released[:] = [(at, n) for at, n in released if at > made_at and at > oldest]
-        if not released:
-            del self._released_blocks[engine_id]
+        releases[:] = [r for r in releases if r.at > made_at and r.at > oldest]
+        if not releases:
+            del self._releases[engine_id]
 
     def observe_cached(self, num_cached_tokens: int) -> None:
         """What the engine actually found cached, beside what the router predicted."""
@@ -242,14 +250,18 @@ class EngineRouter:
         num_cached = (self.index.num_blocks_of(engine.scheduler_id)
                       if self.index.knows(engine.scheduler_id)
                       else self.approximate.num_blocks_of(engine.engine_id))
-        reported = round(engine.kv_cache_usage * engine.num_blocks)
+        reported_active = round(engine.kv_cache_usage * engine.num_blocks)
+        reported_pending = math.ceil((engine.num_waiting_tokens
+                                      + engine.num_running_prefill_tokens) / block_size)
+        # NOTE: a report made before a request ended counted it as running (its blocks) or,
+        # if the whole request took less than a heartbeat, as waiting (its prompt): neither
+        # counts once it ended.
+        releases = self._releases.get(engine.engine_id, ())
         return EngineLoad(
-            num_active_blocks=max(0, reported - sum(
-                n for _, n in self._released_blocks.get(engine.engine_id, ()))),
-            num_pending_prefill_blocks=(math.ceil((engine.num_waiting_tokens
-                                                   + engine.num_running_prefill_tokens)
-                                                  / block_size)
-                                        + self._pending_blocks.get(engine.engine_id, 0)),
+            num_active_blocks=max(0, reported_active - sum(r.num_blocks for r in releases)),
+            num_pending_prefill_blocks=(
+                max(0, reported_pending - sum(r.num_prompt_blocks for r in releases))
+                + self._pending_blocks.get(engine.engine_id, 0)),
             num_cached_blocks=num_cached)
 
     def _cost(self, block_size: int) -> RoutingCost:
