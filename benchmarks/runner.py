@@ -12,8 +12,9 @@ the pure-torch fallback (LLM_MESH_CPU_KERNELS=0), and prints the torch/cpp step-
 tokens and one of 2,100); --background busy|light runs a competing process during the
 measurements (busy: one core kept at 100%; light: ~1 ms of CPU every 10 ms, like the mesh's
 other services). --tensor-parallel-sizes 1,2 runs the model on one rank and split over two
-(each rank on its share of the cores) and prints the TP=2/TP=1 step-time ratios. --profile-batch N adds the torch profiler's table of
-where N requests' decode steps spend their time.
+(each rank on its share of the cores) and prints the TP=2/TP=1 step-time ratios.
+--profile-batch N adds the torch profiler's table of where N requests' decode steps spend
+their time.
 
     .venv/bin/python -m benchmarks.runner --dtypes float32,bfloat16 --batch-sizes 1,8,32,64
     .venv/bin/python -m benchmarks.runner --kernels cpp,torch --mixed-contexts 160x15,2100x1
@@ -43,6 +44,7 @@ from kernels import cpu_ops
 from services.common import wire
 from services.common.model_files import ModelFiles, resolve_model
 from services.common.packing import pack_int32
+from services.worker.model_loader import resolve_device
 from services.worker.model_runner import ModelRunner, RunnerConfig
 
 # A competing process for --background: `busy` spins one core; `light` spins ~1 ms every 10 ms.
@@ -353,9 +355,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
     files = resolve_model(args.model)
     torch.set_num_threads(args.num_threads or torch.get_num_threads())
-    # The model runs where the worker's device=auto puts it.
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    bandwidth = read_bandwidth_gbs(device)
+    bandwidth = read_bandwidth_gbs(resolve_device(RunnerConfig.device))
     background = None
     if args.background != "none":
         background = subprocess.Popen([sys.executable, "-c", BACKGROUND_CODE[args.background]])

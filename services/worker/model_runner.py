@@ -28,8 +28,8 @@ from services.worker.kv.connector import WorkerKVConnector, kv_fingerprint
 from services.worker.kv_cache import (
     accelerator_kv_budget,
     allocate_kv_caches,
-    explicit_accelerator_kv_budget,
     available_cpu_memory,
+    explicit_accelerator_kv_budget,
     log_kv_cache_size,
     num_blocks_for_budget,
 )
