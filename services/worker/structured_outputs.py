@@ -154,7 +154,7 @@ class StructuredOutputs:
             return
         pairs = [(state.matcher, token) for row, token in zip(rows.tolist(), token_ids.tolist())
                  if (state := self._rows.get(row)) is not None and state.failure is None
-                 and state.matcher is not None]
+                 and state.matcher is not None and not state.matcher.is_terminated()]
         if not pairs:
             return
         matchers = [m for m, _ in pairs]
@@ -222,7 +222,9 @@ class StructuredOutputs:
                 state.grammar_start, state.matcher = start.index, None
             state.also_allowed = start.also_allowed
         if state.matcher is not None:
-            return _Status.LIVE   # the usual step: nothing else to look at
+            # NOTE: an ended grammar's request ended on its stop token; with async scheduling
+            # its row may run one more step, whose token the scheduler drops.
+            return _Status.FREE if state.matcher.is_terminated() else _Status.LIVE
         if not state.compiled.done():
             return _Status.DEFERRED
         try:

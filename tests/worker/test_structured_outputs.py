@@ -114,6 +114,24 @@ def test_a_grammar_that_dead_ends_fails_its_request_alone(runner: ModelRunner) -
     assert len(driver.run()[free]) == 8
 
 
+def test_a_row_past_its_grammars_end_samples_unmasked(runner: ModelRunner) -> None:
+    """Async scheduling runs a request once more before the scheduler sees the stop token
+    that ended its grammar: that step must not fail (the scheduler drops its token)."""
+    driver = StepDriver(runner)
+    handle = driver.add(PROMPT, max_new_tokens=40, sampling=regex_sampling())
+    driver.add(PROMPT, max_new_tokens=40, stop_at_eos=False)
+    request = driver.requests[handle]
+    while not request.done:
+        driver.run_step()
+    assert re.fullmatch(REGEX, text_of(request.output_ids))
+    num_outputs = len(request.output_ids)
+    driver.finished.remove(handle)
+    request.stop_at_eos = False   # as if the scheduler had not seen the EOS yet
+    out = driver.run_step()
+    assert handle in unpack_int32(out.handles).tolist() and not out.rejected_handles
+    assert len(request.output_ids) == num_outputs + 1
+
+
 def run_interrupted(runner: ModelRunner, moved: bool) -> tuple[list[int], list[int]]:
     """Runs the constrained request a few steps, then drops its row and sends it again with
     its outputs: preempted (outputs after the prompt) or moved to another engine (outputs
