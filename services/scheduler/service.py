@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 
 from services.common import wire
 from services.common.logs import request_log_context
@@ -14,6 +15,7 @@ from services.common.mm_inputs import mm_spans
 from services.common.packing import pack_int32, unpack_int32
 from services.common.service import Service
 from services.scheduler.core.errors import AdmissionRejected, RequestTooLong
+from services.scheduler.core.output import SchedulerOutput
 from services.scheduler.core.request import Request, RequestStatus
 from services.scheduler.core.scheduler import Scheduler
 from services.scheduler.delta_publisher import DeltaPublisher
@@ -29,6 +31,15 @@ _ABORT_STATUS = {
     wire.FinishReason.LENGTH: RequestStatus.FINISHED_LENGTH_CAPPED,
     wire.FinishReason.ERROR: RequestStatus.FINISHED_ERROR,
 }
+
+
+@dataclass(slots=True)
+class _SentStep:
+    """A step on its way to or through the worker."""
+    output: SchedulerOutput
+    call: asyncio.Task[wire.StepOutput]
+    started: float   # perf_counter when its scheduling began
+    sent: float      # ... when it went to the worker
 
 
 class SchedulerService(Service):
@@ -51,6 +62,7 @@ class SchedulerService(Service):
         self._num_steps = 0           # completed, for the heartbeat: gateways watch it move
         self._reset_worker_rows = True
         self._losses_in_a_row = 0     # worker losses with no step completed in between
+        self._last_step_done = 0.0    # perf_counter when the last step's result came back
         self.kv: KVConnectorRuntime | None = None   # kvstore loads / saves, KV events
 
     # ---- lifecycle
@@ -178,6 +190,8 @@ class SchedulerService(Service):
             cache_salt=message.cache_salt,
             skip_prefix_cache=sampling.prompt_logprobs is not None,
             sampling=sampling, block_hasher=self.scheduler.block_hasher,
+            has_grammar=sampling.grammar.kind != wire.GrammarKind.NONE,
+            grammar_after_reasoning=bool(sampling.grammar.reasoning.end_token_ids),
             do_remote_decode=message.do_remote_decode,
             lora_id=message.lora.lora_id if message.lora is not None else 0,
             lora=message.lora if message.lora is not None and message.lora.lora_id else None,
@@ -285,15 +299,25 @@ class SchedulerService(Service):
                       max_concurrency_at_max_len=round(kv_tokens / info.max_model_len, 2))
 
     async def _step_while_worker_unchanged(self, incarnation: int) -> None:
+        """With async scheduling one step stays in flight: the next is scheduled and sent
+        before its results are taken in, so the worker never waits for the scheduler."""
         assert self.scheduler is not None and self.worker is not None
         self.worker.changed.clear()
-        while not self.worker.changed.is_set():
-            self._apply_aborts()
-            if self.scheduler.has_unfinished_requests() or self._has_kv_transfers():
-                await self.step(incarnation)
-            else:
-                self._last_progress = time.monotonic()
-                await self._wait_for_work()
+        in_flight: _SentStep | None = None
+        try:
+            while not self.worker.changed.is_set():
+                self._apply_aborts()
+                if self.scheduler.has_unfinished_requests() or self._has_kv_transfers():
+                    in_flight = await self._step(incarnation, in_flight)
+                elif in_flight is not None:
+                    await self._take_results(in_flight)
+                    in_flight = None
+                else:
+                    self._last_progress = time.monotonic()
+                    await self._wait_for_work()
+        finally:
+            if in_flight is not None:
+                in_flight.call.cancel()   # the worker is gone or changed: its fate is unknown
 
     async def _wait_for_work(self) -> None:
         """Until a request, an abort, a worker change, or the next deadline."""
@@ -308,23 +332,51 @@ class SchedulerService(Service):
         work.cancel()
         changed.cancel()
 
-    async def step(self, incarnation: int) -> None:
-        """One engine step: schedule, execute on the worker, update, publish deltas."""
+    async def _step(self, incarnation: int, in_flight: _SentStep | None) -> _SentStep | None:
+        """Schedules and sends a step, then takes in the results of the one before it (async
+        scheduling) or its own. Returns the step left in flight."""
+        sent = await self._send_step(incarnation)
+        if in_flight is not None:
+            try:
+                await self._take_results(in_flight)
+            except BaseException:
+                if sent is not None:
+                    sent.call.cancel()
+                raise
+        elif sent is None:
+            await self._wait_for_work()  # nothing fits now: wait for a request or an abort
+        if sent is not None and not self.settings.async_scheduling:
+            await self._take_results(sent)
+            return None
+        return sent
+
+    async def _send_step(self, incarnation: int) -> _SentStep | None:
+        """Schedules a step and sends it to the worker; None when there is nothing to send."""
         assert self.scheduler is not None and self.worker is not None
-        assert self.deltas is not None and self.stats is not None
         started = time.perf_counter()
         await self._expire_deadlines()
         scheduler_output = self.scheduler.schedule()
         if (scheduler_output.is_empty and not scheduler_output.finished_handles
                 and not scheduler_output.kv_connector_metadata and not self._has_kv_transfers()):
-            await self._wait_for_work()  # nothing fits now: wait for a request or an abort
-            return
+            return None
         step_input = encode_step_input(scheduler_output, reset=self._reset_worker_rows)
-        call_started = time.perf_counter()
-        step_output = await self.worker.execute(step_input, incarnation)
-        call_s = time.perf_counter() - call_started
         self._reset_worker_rows = False
+        call = asyncio.create_task(self.worker.execute(step_input, incarnation),
+                                   name=f"step {scheduler_output.step}")
+        return _SentStep(scheduler_output, call, started, time.perf_counter())
+
+    async def _take_results(self, sent: _SentStep) -> None:
+        """Waits for a step's results and applies them: update, KV connector, deltas."""
+        assert self.scheduler is not None
+        assert self.deltas is not None and self.stats is not None
+        step_output = await sent.call
+        done = time.perf_counter()
+        # NOTE: a step sent while the one before it ran held the worker from that one's end.
+        call_s = done - max(sent.sent, self._last_step_done)
+        step_s = done - max(sent.started, self._last_step_done)
+        self._last_step_done = done
         self._losses_in_a_row = 0
+        scheduler_output = sent.output
         outputs = self.scheduler.update_from_output(
             scheduler_output, decode_step_output(step_output))
         self._last_progress = time.monotonic()
@@ -340,7 +392,8 @@ class SchedulerService(Service):
         for output in outputs:
             if output.finished:
                 self._forget(output.request_id, output.handle)
-        self.stats.on_step_times(time.perf_counter() - started, call_s, step_output.execute_s)
+        self.stats.on_step_times(step_s + time.perf_counter() - done, call_s,
+                                 step_output.execute_s)
 
     async def _expire_deadlines(self) -> None:
         """Requests past their deadline end here, before the step that would run them."""

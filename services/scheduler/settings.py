@@ -50,6 +50,17 @@ class SchedulerSettings(CommonSettings, EngineSettings, KVIndexSettings):
                                          "its admission")
     enable_kv_events: bool = setting(False, "Publish the KV pool's BlockStored / BlockRemoved "
                                      "events on JetStream")
+    async_scheduling: bool = setting(
+        False, "Schedule and send each step while the one before it runs, so the worker "
+        "never waits for scheduling and messaging (vLLM's --async-scheduling; not with "
+        "speculative decoding)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.async_scheduling and self.speculative is not None:
+            raise ValueError("--async-scheduling does not combine with --speculative-config: "
+                             "a step's drafts are known only once the step before it ends; "
+                             "drop one of the two")
 
     def scheduler_config(self, worker: wire.WorkerInfo) -> SchedulerConfig:
         speculative = self.speculative
@@ -68,4 +79,5 @@ class SchedulerSettings(CommonSettings, EngineSettings, KVIndexSettings):
             enable_kv_events=self.enable_kv_events,
             num_speculative_tokens=speculative.num_speculative_tokens if speculative else 0,
             max_loras=worker.max_loras, max_cpu_loras=worker.max_cpu_loras,
+            async_scheduling=self.async_scheduling,
         )

@@ -76,17 +76,19 @@ class WorkerLink:
         call = asyncio.create_task(self._bus.request(
             self._subjects.worker_step(self._engine_id), step, wire.StepOutput,
             timeout=self._step_timeout_s))
-        while not call.done():
-            await asyncio.wait({call}, timeout=0.5)
-            if call.done():
-                break
-            if not self.is_alive:
-                call.cancel()
-                raise WorkerGone("no heartbeat from the worker")
-            if (self._bus.reconnects, self._worker_reconnects) != reconnects:
-                call.cancel()   # the step or its reply may be lost: its fate is unknown
-                raise WorkerGone("a NATS reconnect interrupted the step")
-            self._check(incarnation)
+        try:
+            while not call.done():
+                await asyncio.wait({call}, timeout=0.5)
+                if call.done():
+                    break
+                if not self.is_alive:
+                    raise WorkerGone("no heartbeat from the worker")
+                if (self._bus.reconnects, self._worker_reconnects) != reconnects:
+                    # The step or its reply may be lost: its fate is unknown.
+                    raise WorkerGone("a NATS reconnect interrupted the step")
+                self._check(incarnation)
+        finally:
+            call.cancel()   # a no-op once it is done; else nobody waits for its reply
         try:
             output = call.result()
         except BusError as exc:

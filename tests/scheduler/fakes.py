@@ -121,6 +121,8 @@ class Run:
     outputs: dict[str, list[int]] = field(default_factory=dict)
     finished: dict[str, EngineCoreOutput] = field(default_factory=dict)
     steps: list[SchedulerOutput] = field(default_factory=list)
+    in_flight: tuple[SchedulerOutput, RunnerOutput] | None = None
+    """Async scheduling: the step the worker ran whose results the scheduler has not seen."""
 
 
 def make_scheduler(num_blocks: int = 64, clock: ManualClock | None = None,
@@ -139,7 +141,9 @@ def make_request(request_id: str, prompt: Sequence[int], max_tokens: int = 8,
 
 
 def step(scheduler: Scheduler, worker: FakeWorker, run: Run) -> SchedulerOutput:
-    """One engine step with the checks every step must pass."""
+    """One engine step with the checks every step must pass. With async scheduling the
+    worker runs this step before the scheduler sees the previous one's results, as the
+    service overlaps them."""
     out = scheduler.schedule()
     config = scheduler.config
     assert sum(out.num_scheduled_tokens) == out.total_num_scheduled_tokens
@@ -148,12 +152,28 @@ def step(scheduler: Scheduler, worker: FakeWorker, run: Run) -> SchedulerOutput:
     assert len(out.num_scheduled_tokens) <= config.max_num_seqs
     assert len(set(out.scheduled_handles)) == len(out.scheduled_handles)
     run.steps.append(out)
-    for result in scheduler.update_from_output(out, worker.execute(out)):
+    ran = (out, worker.execute(out))
+    if config.async_scheduling:
+        ran, run.in_flight = run.in_flight, ran
+    if ran is not None:
+        _update(scheduler, run, *ran)
+    return out
+
+
+def finish_in_flight(scheduler: Scheduler, run: Run) -> None:
+    """Async scheduling: the scheduler takes the last step's results."""
+    if run.in_flight is not None:
+        ran, run.in_flight = run.in_flight, None
+        _update(scheduler, run, *ran)
+
+
+def _update(scheduler: Scheduler, run: Run, out: SchedulerOutput,
+            runner_output: RunnerOutput) -> None:
+    for result in scheduler.update_from_output(out, runner_output):
         run.outputs.setdefault(result.request_id, []).extend(result.new_token_ids)
         if result.finish_reason is not None:
             run.finished[result.request_id] = result
     check_kv_cache_manager(scheduler.kv_cache_manager)
-    return out
 
 
 def run_until_done(scheduler: Scheduler, worker: FakeWorker, run: Run | None = None,
@@ -163,6 +183,7 @@ def run_until_done(scheduler: Scheduler, worker: FakeWorker, run: Run | None = N
         if not scheduler.has_unfinished_requests():
             break
         step(scheduler, worker, run)
+    finish_in_flight(scheduler, run)
     assert not scheduler.has_unfinished_requests(), "requests did not finish"
     manager = scheduler.kv_cache_manager
     assert manager.num_free_blocks == manager.num_usable_blocks, "blocks leaked"

@@ -1,10 +1,12 @@
 """Property-based scheduler runs: random configs, arrivals and aborts against the fake
-worker. Every step keeps the budget and the pool's invariants; every request that runs to
-the end produces exactly the greedy reference output (through chunking, prefix hits and
-preemptions); an aborted one produces a prefix of it; nothing leaks."""
+worker, with and without async scheduling. Every step keeps the budget and the pool's
+invariants; every request that runs to the end produces exactly the greedy reference output
+(through chunking, prefix hits and preemptions); an aborted one produces a prefix of it;
+nothing leaks."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -35,13 +37,15 @@ arrivals = st.lists(st.fixed_dictionaries({
 }), min_size=3, max_size=14)
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 @settings(max_examples=60, derandomize=True, database=None, deadline=None,
           suppress_health_check=list(HealthCheck))
 @given(config=configs, requests=arrivals)
-def test_random_workloads_keep_outputs_exact_and_the_pool_consistent(config: dict,
-                                                                     requests: list[dict]) -> None:
+def test_random_workloads_keep_outputs_exact_and_the_pool_consistent(
+        async_scheduling: bool, config: dict, requests: list[dict]) -> None:
     clock = ManualClock()
-    scheduler, worker = make_scheduler(clock=clock, max_model_len=64, **config)
+    scheduler, worker = make_scheduler(clock=clock, max_model_len=64,
+                                       async_scheduling=async_scheduling, **config)
     prompts: dict[str, tuple[list[int], int]] = {}
     aborts: dict[int, list[str]] = {}
     run = Run()

@@ -35,6 +35,9 @@ class SchedulerConfig:
     """LoRA adapters one step may mix, the worker's slots (0: the engine serves no LoRA)."""
     max_cpu_loras: int = 0
     """Adapters the worker keeps in host memory."""
+    async_scheduling: bool = False
+    """Schedule step N+1 while step N runs (vLLM's async scheduling): each request sampling
+    in step N is scheduled for the position after it before its token is back."""
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -44,5 +47,8 @@ class SchedulerConfig:
                 raise ValueError(f"{name} must be >= 1")
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0")
+        if self.async_scheduling and self.num_speculative_tokens:
+            raise ValueError("async scheduling does not combine with speculative decoding: "
+                             "a step's drafts are known only once the step before it ends")
         if self.num_gpu_blocks is not None and self.num_gpu_blocks < 2:
             raise ValueError("num_gpu_blocks must be >= 2 (block 0 is the reserved null block)")

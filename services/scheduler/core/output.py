@@ -84,6 +84,11 @@ class SchedulerOutput:
     """Aligned with `num_scheduled_tokens`; for logs and tests, not for the wire."""
     kv_connector_metadata: KVConnectorMetadata | None = None
     """KV blocks the worker loads from / saves to the kvstore this step."""
+    scheduled_requests: list[Request] = field(default_factory=list)
+    """Aligned with `num_scheduled_tokens`: the update applies the step's results to these
+    objects, never to whoever holds a handle by then (async scheduling reuses handles)."""
+    sampling_handles: set[int] = field(default_factory=set)
+    """Requests whose scheduled tokens reach their end: each samples a token this step."""
 
     @property
     def scheduled_handles(self) -> list[int]:

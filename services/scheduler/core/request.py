@@ -53,6 +53,7 @@ class Request:
         "_next_hash_at", "arrival_time", "first_scheduled_time", "first_token_time",
         "last_token_time", "finished_time", "do_remote_decode", "kv_store_hit",
         "num_spec_tokens", "num_draft_tokens", "num_accepted_tokens",
+        "num_output_placeholders", "has_grammar", "grammar_after_reasoning", "worker_sampled",
     )
 
     def __init__(
@@ -76,6 +77,8 @@ class Request:
         sampling: SamplingPayload = None,
         block_hasher: BlockHasher | None = None,
         do_remote_decode: bool = False,
+        has_grammar: bool = False,
+        grammar_after_reasoning: bool = False,
     ) -> None:
         # NOTE: numpy arrays (unpacked from the wire) become plain ints: faster to scan and hash.
         prompt = (prompt_token_ids.tolist() if hasattr(prompt_token_ids, "tolist")
@@ -110,6 +113,10 @@ class Request:
         self.do_remote_decode = do_remote_decode
         """Prefill/decode disaggregation: this engine only prefills; the request finishes once
         the kvstore holds its prompt's KV (the KV connector holds the finish until then)."""
+        self.has_grammar = has_grammar
+        """Structured output: the worker defers its sampling while the grammar compiles."""
+        self.grammar_after_reasoning = grammar_after_reasoning
+        """The grammar applies after a reasoning section: it may compile (and defer) late."""
         self.kv_store_hit: list[str] = []
         """The kvstore address of each leading block the store held when the request was
         admitted (the KV connector's lookup); emptied once the connector used it."""
@@ -120,6 +127,11 @@ class Request:
         """Prefix-cache hit tokens at first schedule (local hits plus tokens loaded from the
         kvstore); fixed afterwards."""
         self.num_preemptions = 0
+        self.num_output_placeholders = 0
+        """Steps scheduled for this request whose sampled token is not back yet (at most 1
+        without async scheduling, and 0 between steps)."""
+        self.worker_sampled = False
+        """The worker returned a token for it since it last got a worker row."""
         self.num_spec_tokens = 0
         """Speculative decoding: drafts the worker proposed for this request's next step
         (it holds them; 0 once the worker has no row for the request)."""

@@ -34,6 +34,7 @@ from services.scheduler.core.spec_decode import (
     apply_verification,
     num_drafts_to_schedule,
 )
+from services.scheduler.core.step_tokens import advance, forget_worker_row, may_run_ahead
 from services.scheduler.core.stop_checker import append_output_tokens
 
 _INT32_MAX = 2**31 - 1
@@ -141,11 +142,16 @@ class Scheduler:
         # last. A running request that cannot get a block preempts the request that deserves
         # it least (possibly itself): its blocks are freed and it recomputes from scratch
         # when it resumes. A step that preempted admits nothing new.
+        #
+        # Counts move on as the step is built (step_tokens.py): async scheduling builds the
+        # next step before this one's tokens are back.
         plan = _StepPlan(self.max_num_batched_tokens)
         self._schedule_running(plan)
         if not plan.num_preempted:
             self._schedule_waiting(plan)
-        return self._build_output(plan)
+        output = self._build_output(plan)
+        advance(output)
+        return output
 
     def _schedule_running(self, plan: _StepPlan) -> None:
         # Decodes first, so one long prefill never delays the running streams' next tokens.
@@ -153,7 +159,11 @@ class Scheduler:
         for request in tuple(self.running):   # a copy: preemption edits self.running
             if request.status is not RUNNING:
                 continue                        # preempted earlier in this loop
-            num_new_tokens = request.num_tokens - request.num_computed_tokens
+            if request.num_output_placeholders and not may_run_ahead(request,
+                                                                    self.max_model_len):
+                continue
+            num_new_tokens = (request.num_tokens + request.num_output_placeholders
+                              - request.num_computed_tokens)
             if num_new_tokens != 1:
                 prefills.append(request)
                 continue
@@ -326,8 +336,7 @@ class Scheduler:
         self.running.remove(victim)
         self.kv_cache_manager.free(victim)
         victim.status = RequestStatus.PREEMPTED
-        victim.num_computed_tokens = 0
-        victim.num_spec_tokens = 0          # its worker row, with the drafts, goes
+        forget_worker_row(victim)
         victim.num_preemptions += 1
         self.num_preemptions += 1
         plan.num_preempted += 1
@@ -340,6 +349,7 @@ class Scheduler:
         get_block_ids = self.kv_cache_manager.get_block_ids
         num_scheduled_tokens: list[int] = []
         request_ids: list[str] = []
+        scheduled_requests: list[Request] = [*plan.new_reqs, *plan.running_reqs]
         new_requests = []
         for request, num_tokens in plan.new_reqs.items():
             new_requests.append(NewRequestData(
@@ -366,7 +376,8 @@ class Scheduler:
         self._step += 1
         output = SchedulerOutput(step, new_requests, cached, num_scheduled_tokens,
                                  self.max_num_batched_tokens - plan.token_budget,
-                                 finished_handles, request_ids)
+                                 finished_handles, request_ids,
+                                 scheduled_requests=scheduled_requests)
         if self.kv_connector is not None:
             output.kv_connector_metadata = self.kv_connector.build_meta(
                 [*plan.new_reqs.items(), *plan.running_reqs.items()], get_block_ids,
@@ -380,19 +391,17 @@ class Scheduler:
         requests that hit a stop condition. One output per request that got a token."""
         now = self.clock()
         sampled = runner_output.sampled_by_handle()
-        get_request = self._handle_to_request.get
         outputs: list[EngineCoreOutput] = []
         if self.kv_connector is not None:
             if runner_output.kv_connector_output is not None:
                 self.kv_connector.update_from_output(runner_output.kv_connector_output)
             outputs += self._finish_loads(now)
         num_finished = 0
-        for handle, num_tokens in zip(scheduler_output.scheduled_handles,
-                                      scheduler_output.num_scheduled_tokens):
-            request = get_request(handle)
-            if request is None or request.status is not RUNNING:
-                continue   # aborted after it was scheduled
-            request.num_computed_tokens += num_tokens
+        sampling = scheduler_output.sampling_handles
+        for request in scheduler_output.scheduled_requests:
+            if request.status is not RUNNING:
+                continue   # ended or preempted after it was scheduled
+            handle = request.handle
             if runner_output.rejected and handle in runner_output.rejected:
                 # Its own input failed it (a grammar, an adapter, an image).
                 request.error_code = "invalid_request"
@@ -400,8 +409,9 @@ class Scheduler:
                 outputs.append(self._finish(request, RequestStatus.FINISHED_ERROR, now, []))
                 num_finished += 1
                 continue
-            if request.num_computed_tokens < request.num_tokens:
+            if handle not in sampling:
                 continue   # prefill still partial: nothing sampled
+            request.num_output_placeholders -= 1
             token_ids = sampled.get(handle)
             if token_ids is None and handle in runner_output.deferred:
                 # Its grammar still compiles on the worker: the next step recomputes the
@@ -414,12 +424,13 @@ class Scheduler:
                 outputs.append(self._finish(request, RequestStatus.FINISHED_ERROR, now, []))
                 num_finished += 1
                 continue
-            num_drafts = request.num_computed_tokens - request.num_tokens
-            if num_drafts:
-                assert self.spec_decoding_stats is not None
-                apply_verification(request, num_drafts, len(token_ids),
-                                   self.spec_decoding_stats)
+            if self.spec_decoding_stats is not None:   # (never with async scheduling)
+                num_drafts = request.num_computed_tokens - request.num_tokens
+                if num_drafts:
+                    apply_verification(request, num_drafts, len(token_ids),
+                                       self.spec_decoding_stats)
             request.num_spec_tokens = runner_output.num_spec_tokens.get(handle, 0)
+            request.worker_sampled = True
             if request.first_token_time is None:
                 request.first_token_time = now
             request.last_token_time = now
@@ -510,8 +521,7 @@ class Scheduler:
         for request in preempted:      # latest first: each goes to the front of the queue
             self.kv_cache_manager.free(request)
             request.status = RequestStatus.PREEMPTED
-            request.num_computed_tokens = 0
-            request.num_spec_tokens = 0
+            forget_worker_row(request)
             request.num_preemptions += 1
             self.num_preemptions += 1
             self.waiting.prepend_request(request)
@@ -596,3 +606,4 @@ class Scheduler:
         prefix = self.kv_cache_manager.take_prefix_cache_stats()
         self._prefix_cache_queries += prefix.queries
         self._prefix_cache_hits += prefix.hits
+
