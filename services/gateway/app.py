@@ -28,6 +28,7 @@ from services.common.frontend.protocol import (
 )
 from services.common.jetstream import is_transient
 from services.common.packing import pack_int32, unpack_int32
+from services.gateway.authentication import Authentication
 from services.gateway.body import parse_body
 from services.gateway.files_batches import files_batches_router
 from services.gateway.lora_routes import lora_router, require_admin
@@ -35,7 +36,7 @@ from services.gateway.responses_routes import responses_router
 
 log = structlog.get_logger(__name__)
 VERSION = "0.1.0"
-_OPEN_PATHS = {"/health", "/ready", "/version", "/metrics"}
+
 
 def create_app(ctx: FrontendContext, registry: CollectorRegistry) -> FastAPI:
     app = FastAPI(title="LLM Mesh", version=VERSION, docs_url=None, redoc_url=None)
@@ -43,16 +44,8 @@ def create_app(ctx: FrontendContext, registry: CollectorRegistry) -> FastAPI:
     api_keys = ApiKeys.from_settings(settings, settings.namespace)
     app.state.api_keys = api_keys   # the service closes its Redis client at exit
 
-    @app.middleware("http")
-    async def authenticate(request: Request, call_next: Any) -> Response:
-        if request.url.path not in _OPEN_PATHS:
-            tenant = api_keys.identify(request.headers.get("authorization", ""))
-            if tenant is None:
-                ctx.metrics.rejections.labels("401", "invalid_api_key").inc()
-                return ApiError(401, "invalid or missing API key (send Authorization: "
-                                     "Bearer <key>)", code="invalid_api_key").response()
-            request.state.tenant = tenant
-        return await call_next(request)
+    app.add_middleware(Authentication, api_keys=api_keys, on_rejected=ctx.metrics.rejections
+                       .labels("401", "invalid_api_key").inc)
 
     @app.exception_handler(ApiError)
     async def on_api_error(_: Request, exc: ApiError) -> Response:

@@ -130,3 +130,22 @@ async def test_reset_prefix_cache_answers_403_to_a_tenant_key_and_runs_for_an_ad
         reached = await reset("operator")
         assert reached.status_code == 503
         assert reached.json()["error"]["code"] == "engine_unavailable"
+
+
+async def test_a_missing_or_wrong_key_gets_an_openai_401_and_open_paths_need_none() -> None:
+    settings = GatewaySettings(api_key=["tenant"])
+    registry = CollectorRegistry()
+    ctx = FrontendContext(settings, SimpleNamespace(gateway_id="auth-test"),  # type: ignore[arg-type]
+                         MeshView(60.0), GatewayMetrics(registry))
+    app = create_app(ctx, CollectorRegistry())
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gateway") as http:
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            refused = await http.get("/v1/models", headers=headers)
+            assert refused.status_code == 401
+            assert refused.json()["error"]["code"] == "invalid_api_key"
+        assert (await http.get("/version")).status_code == 200   # an open path
+        allowed = await http.get("/v1/models", headers={"Authorization": "Bearer tenant"})
+        assert allowed.status_code == 200 and allowed.json()["object"] == "list"
+    assert registry.get_sample_value("llm_mesh:request_rejections_total",
+                                     {"status": "401", "code": "invalid_api_key"}) == 2
