@@ -13,9 +13,9 @@ from prometheus_client import CollectorRegistry
 
 from services.common import wire
 from services.common.block_hash import BlockHasher
-from services.common.frontend.engine_router import (RELEASE_MAX_AGE_S, EngineRouter, RouterMode,
-                                                    SessionTable)
+from services.common.frontend.engine_router import RELEASE_MAX_AGE_S, EngineRouter, RouterMode
 from services.common.frontend.mesh_view import EngineView
+from services.common.frontend.session_table import SessionTable
 from services.common.metrics import RouterMetrics
 from services.common.router import ApproximateIndex, PrefixIndex
 
@@ -143,6 +143,33 @@ def test_sessions_expire_and_stay_bounded() -> None:
     assert table.get("a") is None and len(table) == 2    # least recently used dropped
     now[0] = 11.0
     assert table.get("b") is None
+
+
+def test_a_new_session_goes_where_fewer_session_histories_are_held() -> None:
+    kv = router()
+    first = kv.route([engine("e0"), engine("e1")], tokens(30, 40 * BLOCK_SIZE), session_id="a")
+    assert first.engine.engine_id == "e0"
+    kv.settle(first)
+    # Its turn is over; e1 now runs 5 blocks of something else. Load alone says e0, but
+    # e0 holds a's 40-block history, which a's next turn will want back.
+    engines = [engine("e0"), engine("e1", kv_cache_usage=0.005)]
+    assert kv.route(engines, tokens(31), session_id="b").engine.engine_id == "e1"
+    assert kv.sessions.num_blocks_on("e0") == 40 and kv.sessions.num_blocks_on("e1") == 8
+    # A request of no session places by load alone.
+    assert kv.route(engines, tokens(32)).engine.engine_id == "e0"
+
+
+def test_session_histories_follow_their_sessions_and_expire() -> None:
+    now = [0.0]
+    table = SessionTable(ttl_s=10.0, clock=lambda: now[0])
+    table.bind("a", "e0", 10)
+    table.bind("b", "e0", 5)
+    table.bind("a", "e1", 12)   # a spilled, with a longer history
+    assert (table.num_blocks_on("e0"), table.num_blocks_on("e1")) == (5, 12)
+    now[0] = 11.0
+    table.bind("c", "e1", 3)
+    assert (table.num_blocks_on("e0"), table.num_blocks_on("e1")) == (0, 3)
+    assert len(table) == 1
 
 
 def test_a_request_that_ended_stops_counting_before_the_next_heartbeat() -> None:

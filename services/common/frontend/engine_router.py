@@ -14,7 +14,9 @@ Modes (`--router-mode`):
 Sessions (kv mode; the other two are the plain baselines): a request naming a session (the
 `prompt_cache_key` body field, OpenAI's name, or an `x-session-id` header) goes where its
 session went last, unless that engine is past `--router-session-busy-threshold` of its KV
-cache: it then spills to the router's choice, which becomes the session's engine.
+cache: it then spills to the router's choice, which becomes the session's engine. A new
+session's choice also counts, on each engine, the histories of the live sessions it holds
+(session_table.py), so conversations spread by the KV they will need.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -31,10 +32,10 @@ import numpy as np
 
 from services.common.block_hash import BlockHasher, MultiModalSpan
 from services.common.frontend.mesh_view import EngineView, least_loaded
+from services.common.frontend.session_table import SessionTable
 from services.common.metrics import RouterMetrics
 from services.common.router import ApproximateIndex, EngineLoad, PrefixIndex, RoutingCost
 
-MAX_SESSIONS = 100_000
 # What a prompt's block hashes mix in beside its tokens: cache salt, LoRA id, image spans.
 PrefixKey = tuple[str, int, tuple[MultiModalSpan, ...]]
 # A released request's blocks leave the engine's load at its first heartbeat made after the
@@ -70,33 +71,6 @@ class Route:
     released: bool = field(default=False, repr=False)
 
 
-class SessionTable:
-    """Session id -> the engine it last ran on; least recently used dropped past a bound,
-    entries older than the TTL ignored."""
-
-    def __init__(self, ttl_s: float, clock: Callable[[], float] = time.monotonic,
-                 max_entries: int = MAX_SESSIONS) -> None:
-        self._ttl_s = ttl_s
-        self._clock = clock
-        self._max_entries = max_entries
-        self._entries: OrderedDict[str, tuple[str, float]] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def get(self, session_id: str) -> str | None:
-        entry = self._entries.get(session_id)
-        if entry is None or self._clock() - entry[1] > self._ttl_s:
-            return None
-        return entry[0]
-
-    def bind(self, session_id: str, engine_id: str) -> None:
-        self._entries[session_id] = (engine_id, self._clock())
-        self._entries.move_to_end(session_id)
-        while len(self._entries) > self._max_entries:
-            self._entries.popitem(last=False)
-
-
 class EngineRouter:
     def __init__(self, mode: RouterMode, index: PrefixIndex, approximate: ApproximateIndex,
                  sessions: SessionTable, *, overlap_weight: float = 1.0,
@@ -129,7 +103,7 @@ class EngineRouter:
         prompt's blocks are hashed as the engines hash them (salt and LoRA adapter)."""
         route = self._choose(engines, token_ids, (cache_salt, lora_id, mm_spans), session_id)
         if session_id and self.mode is RouterMode.KV:
-            self.sessions.bind(session_id, route.engine.engine_id)
+            self.sessions.bind(session_id, route.engine.engine_id, route.num_prompt_blocks)
         engine_id = route.engine.engine_id
         self._pending_blocks[engine_id] = (self._pending_blocks.get(engine_id, 0)
                                            + route.num_pending_blocks)
@@ -188,16 +162,17 @@ class EngineRouter:
         if session_id and self.mode is RouterMode.KV:
             engine_id = self.sessions.get(session_id)
             held = next((e for e in engines if e.engine_id == engine_id), None)
-            if held is not None:
-                if held.kv_cache_usage < self._busy_threshold:
-                    return self._kv_route(engines, token_ids, prefix_key, only=held,
-                                          reason="session")
-                if self._metrics is not None:
-                    self._metrics.session_spills.inc()
-                others = [e for e in engines if e is not held] or engines
-                route = self._choose(others, token_ids, prefix_key, "")
-                route.reason = "session_spill"
-                return route
+            if held is None:   # a new session, or its engine is gone
+                return self._kv_route(engines, token_ids, prefix_key, new_session=True)
+            if held.kv_cache_usage < self._busy_threshold:
+                return self._kv_route(engines, token_ids, prefix_key, only=held,
+                                      reason="session")
+            if self._metrics is not None:
+                self._metrics.session_spills.inc()
+            others = [e for e in engines if e is not held] or engines
+            route = self._kv_route(others, token_ids, prefix_key, new_session=True)
+            route.reason = "session_spill"
+            return route
         if self.mode is RouterMode.ROUND_ROBIN:
             ordered = sorted(engines, key=lambda e: e.engine_id)
             return Route(ordered[next(self._turn) % len(ordered)], "round_robin")
@@ -207,7 +182,7 @@ class EngineRouter:
 
     def _kv_route(self, engines: Sequence[EngineView], token_ids: np.ndarray,
                   prefix_key: PrefixKey, only: EngineView | None = None,
-                  reason: str = "") -> Route:
+                  reason: str = "", new_session: bool = False) -> Route:
         block_size = engines[0].block_size
         hashes = self._hasher(block_size).hash_blocks(token_ids, *prefix_key)
         overlaps = self._overlaps(engines, hashes)
@@ -216,7 +191,8 @@ class EngineRouter:
             chosen, num_overlap = only, overlaps.get(only.engine_id, 0)
         else:
             decision = self._cost(block_size).choose(
-                num_prompt_blocks, {e.engine_id: self._load(e) for e in engines}, overlaps)
+                num_prompt_blocks, {e.engine_id: self._load(e, new_session) for e in engines},
+                overlaps)
             chosen = next(e for e in engines if e.engine_id == decision.engine_id)
             num_overlap, reason = overlaps.get(chosen.engine_id, 0), decision.reason.value
         if not self.index.knows(chosen.scheduler_id):
@@ -245,7 +221,7 @@ class EngineRouter:
                               if self.index.knows(e.scheduler_id)
                               else predicted.get(e.engine_id, 0)) for e in engines}
 
-    def _load(self, engine: EngineView) -> EngineLoad:
+    def _load(self, engine: EngineView, new_session: bool = False) -> EngineLoad:
         block_size = max(engine.block_size, 1)
         num_cached = (self.index.num_blocks_of(engine.scheduler_id)
                       if self.index.knows(engine.scheduler_id)
@@ -262,7 +238,9 @@ class EngineRouter:
             num_pending_prefill_blocks=(
                 max(0, reported_pending - sum(r.num_prompt_blocks for r in releases))
                 + self._pending_blocks.get(engine.engine_id, 0)),
-            num_cached_blocks=num_cached)
+            num_cached_blocks=num_cached,
+            num_session_blocks=(self.sessions.num_blocks_on(engine.engine_id) if new_session
+                                else 0))
 
     def _cost(self, block_size: int) -> RoutingCost:
         cost = self._costs.get(block_size)

@@ -13,7 +13,8 @@ from typing import Any
 from services.common import wire
 from services.common.bus import Bus
 from services.common.frontend.context import FrontendContext
-from services.common.frontend.engine_router import EngineRouter, RouterMode, SessionTable
+from services.common.frontend.engine_router import EngineRouter, RouterMode
+from services.common.frontend.session_table import SessionTable
 from services.common.frontend.mesh_client import MeshClient
 from services.common.frontend.mesh_view import EngineView, Instance, MeshView
 from services.common.frontend.settings import FrontendSettings

@@ -4,7 +4,8 @@ For each candidate engine e, in blocks (lower is better):
 
     logit(e)          = overlap_weight × prefill_blocks(e) + decode_blocks(e)
     prefill_blocks(e) = prompt blocks − leading prompt blocks e holds + e's pending prefill
-    decode_blocks(e)  = e's active KV blocks
+    decode_blocks(e)  = e's active KV blocks (+ its live sessions' histories, when placing
+                        a new session: the KV they will come back for)
 
 The weight trades time to first token (prefill avoided) against the load on each engine
 (decode slowed). Temperature 0 takes the lowest logit, ties going to the least loaded engine
@@ -40,6 +41,8 @@ class EngineLoad:
     # Blocks in its prefix cache: of engines otherwise tied, the emptiest cache takes a
     # cold prompt, so idle engines' caches fill evenly instead of the first one's.
     num_cached_blocks: int = 0
+    # Placing a new conversation: the histories of those the engine already serves.
+    num_session_blocks: int = 0
 
     @property
     def num_blocks(self) -> int:
@@ -76,7 +79,8 @@ class RoutingCost:
         engine_to_logit = {
             engine: self.overlap_weight * (
                 num_prompt_blocks - engine_to_overlap.get(engine, 0)
-                + load.num_pending_prefill_blocks) + load.num_active_blocks
+                + load.num_pending_prefill_blocks)
+            + load.num_active_blocks + load.num_session_blocks
             for engine, load in sorted(engine_to_load.items())}
         if self.temperature == 0:
             chosen = min(engine_to_logit, key=lambda e: (
