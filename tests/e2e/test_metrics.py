@@ -80,7 +80,8 @@ def test_metrics_follow_the_traffic(mesh: Mesh, client: openai.OpenAI, model_nam
 def test_one_timing_line_per_finished_request(mesh: Mesh, client: openai.OpenAI,
                                               model_name: str) -> None:
     out = client.completions.create(model=model_name, prompt="Timing line", max_tokens=3,
-                                    temperature=0, extra_body={"ignore_eos": True})
+                                    temperature=0, extra_body={"ignore_eos": True},
+                                    extra_headers={"x-session-id": "timing-session"})
     lines = [json.loads(line) for line in mesh.services["gateway"].log_path.read_text()
              .splitlines() if '"request finished"' in line]
     mine = [line for line in lines if line["request_id"].startswith(out.id)]
@@ -91,3 +92,6 @@ def test_one_timing_line_per_finished_request(mesh: Mesh, client: openai.OpenAI,
     for field in ("tokenize_s", "queue_s", "prefill_s", "decode_s", "detokenize_s", "e2e_s"):
         assert line[field] >= 0, field
     assert line["e2e_s"] >= line["prefill_s"] + line["decode_s"]
+    # Where the router sent it and why, beside what the engine found cached.
+    assert line["session"] == "timing-session" and line["route"] == "least_loaded"
+    assert line["predicted_cached_tokens"] <= line["prompt_tokens"]

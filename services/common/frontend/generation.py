@@ -168,6 +168,8 @@ class GenerationRun:
                                            self.lora.lora_id if self.lora else 0,
                                            mm_spans(self.prompts[0].mm_items))
             engine = self.route.engine
+            self.timer.routed(self.route.reason, self.route.num_predicted_cached_tokens,
+                              plan.session_id)
         for prompt in self.prompts:
             if prompt.detokenize is not None:
                 prompt.detokenize.engine_id = engine.engine_id

@@ -26,12 +26,19 @@ class RequestTimer:
         self.arrived = time.perf_counter()
         self.tokenize_s = 0.0
         self.key_id = ""    # the API key's id (a hash: never the key), when keys are on
+        self._route: dict[str, object] = {}   # why the router chose the engine, for the log
         self._first_output: dict[int, float] = {}  # choice index -> time of its first output
         self._last_output: dict[int, float] = {}   # choice index -> time of its last output
 
     def tokenized(self, seconds: float) -> None:
         self.tokenize_s = seconds
         self._metrics.tokenize_time.labels(self._model).observe(seconds)
+
+    def routed(self, reason: str, num_predicted_cached_tokens: int, session_id: str) -> None:
+        """The router's decision (kv_overlap, least_loaded, session, ...), logged with the
+        request's end beside what the engine actually found cached."""
+        self._route = {"route": reason, "predicted_cached_tokens": num_predicted_cached_tokens,
+                       "session": session_id or None}
 
     def on_output(self, index: int, num_new_tokens: int) -> None:
         if not num_new_tokens:
@@ -79,4 +86,5 @@ class RequestTimer:
                  ttft_s=None if first is None else round(first - self.arrived, 6),
                  moves=num_moves, error=info.error or None,
                  spec_acceptance_rate=(round(info.num_accepted_tokens / info.num_draft_tokens,
-                                             4) if info.num_draft_tokens else None))
+                                             4) if info.num_draft_tokens else None),
+                 **self._route)
