@@ -35,9 +35,11 @@ def tokens(seed: int, count: int = 8 * BLOCK_SIZE) -> np.ndarray:
 
 def router(mode: RouterMode = RouterMode.KV, busy: float = 0.9,
            metrics: RouterMetrics | None = None,
-           wall_clock: Callable[[], float] = time.time) -> EngineRouter:
+           wall_clock: Callable[[], float] = time.time,
+           history_weight: float = 1.0) -> EngineRouter:
     return EngineRouter(mode, PrefixIndex(), ApproximateIndex(60.0), SessionTable(60.0),
-                        session_busy_threshold=busy, metrics=metrics, wall_clock=wall_clock)
+                        session_busy_threshold=busy, metrics=metrics, wall_clock=wall_clock,
+                        session_history_weight=history_weight)
 
 
 def stored(prompt: np.ndarray) -> list[wire.KvEvent]:
@@ -157,6 +159,28 @@ def test_a_new_session_goes_where_fewer_session_histories_are_held() -> None:
     assert kv.sessions.num_blocks_on("e0") == 40 and kv.sessions.num_blocks_on("e1") == 8
     # A request of no session places by load alone.
     assert kv.route(engines, tokens(32)).engine.engine_id == "e0"
+
+
+def test_the_history_weight_trades_held_sessions_against_a_cached_prefix() -> None:
+    """e0 serves a conversation with a 10-block history and holds a 16-block system prompt
+    (another request's). A new session with that prompt goes there by cache alone, and
+    with the history counted once (10 < 16 blocks saved); weighted 2 (the history is still
+    growing), it goes to the idle e1."""
+    system = tokens(40, 16 * BLOCK_SIZE)
+    chosen = {}
+    for weight in (0.0, 1.0, 2.0):
+        kv = router(history_weight=weight)
+        kv.index.apply("sched-e0", CLEARED)
+        kv.index.apply("sched-e1", CLEARED)
+        first = kv.route([engine("e0"), engine("e1")], tokens(41, 10 * BLOCK_SIZE),
+                         session_id="a")
+        assert first.engine.engine_id == "e0"
+        kv.settle(first)
+        kv.index.apply("sched-e0", stored(system))
+        new = kv.route([engine("e0"), engine("e1")],
+                       np.concatenate([system, tokens(42, 4 * BLOCK_SIZE)]), session_id="b")
+        chosen[weight] = new.engine.engine_id
+    assert chosen == {0.0: "e0", 1.0: "e0", 2.0: "e1"}
 
 
 def test_session_histories_follow_their_sessions_and_expire() -> None:

@@ -75,6 +75,7 @@ class EngineRouter:
     def __init__(self, mode: RouterMode, index: PrefixIndex, approximate: ApproximateIndex,
                  sessions: SessionTable, *, overlap_weight: float = 1.0,
                  temperature: float = 0.0, session_busy_threshold: float = 0.9,
+                 session_history_weight: float = 1.0,
                  hash_algo: str = "sha256", metrics: RouterMetrics | None = None,
                  wall_clock: Callable[[], float] = time.time) -> None:
         self.mode = mode
@@ -84,6 +85,9 @@ class EngineRouter:
         self.approximate = approximate      # engine id -> blocks routed to it
         self.sessions = sessions
         self._busy_threshold = session_busy_threshold
+        if session_history_weight < 0:
+            raise ValueError("the session history weight must be >= 0")
+        self._history_weight = session_history_weight
         self._hash_algo = hash_algo
         self._hashers: dict[int, BlockHasher] = {}     # by block size, as engines report it
         self._costs: dict[int, RoutingCost] = {}
@@ -239,8 +243,9 @@ class EngineRouter:
                 max(0, reported_pending - sum(r.num_prompt_blocks for r in releases))
                 + self._pending_blocks.get(engine.engine_id, 0)),
             num_cached_blocks=num_cached,
-            num_session_blocks=(self.sessions.num_blocks_on(engine.engine_id) if new_session
-                                else 0))
+            num_session_blocks=(round(self._history_weight
+                                      * self.sessions.num_blocks_on(engine.engine_id))
+                                if new_session else 0))
 
     def _cost(self, block_size: int) -> RoutingCost:
         cost = self._costs.get(block_size)

@@ -43,6 +43,7 @@ class FrontendRuntime:
             overlap_weight=settings.kv_overlap_score_weight,
             temperature=settings.router_temperature,
             session_busy_threshold=settings.router_session_busy_threshold,
+            session_history_weight=settings.router_session_history_weight,
             hash_algo=settings.router_hash_algo, metrics=metrics.router)
         self.events: KVEventSubscriber | None = None
         self._num_resyncs = 0

@@ -53,6 +53,11 @@ class RouterSettings:
         0.9, "An engine whose KV cache is this full (0..1) is busy: a session "
         "(prompt_cache_key or x-session-id) spills from it to another engine, and queued "
         "requests do not move onto it")
+    router_session_history_weight: float = setting(
+        1.0, "KV router: the weight, in a new session's cost, of the history blocks of the "
+        "live sessions each engine holds (their last prompts): what they will come back "
+        "for. Above 1 counts on their histories growing; 0 places new sessions by load and "
+        "cache alone")
     router_session_ttl_s: float = setting(
         3600.0, "How long a session remembers its engine after its last request")
     router_queue_move_after_s: float = setting(

@@ -4,8 +4,8 @@ For each candidate engine e, in blocks (lower is better):
 
     logit(e)          = overlap_weight × prefill_blocks(e) + decode_blocks(e)
     prefill_blocks(e) = prompt blocks − leading prompt blocks e holds + e's pending prefill
-    decode_blocks(e)  = e's active KV blocks (+ its live sessions' histories, when placing
-                        a new session: the KV they will come back for)
+    decode_blocks(e)  = e's active KV blocks (+ its live sessions' histories, weighted, when
+                        placing a new session: the KV they will come back for)
 
 The weight trades time to first token (prefill avoided) against the load on each engine
 (decode slowed). Temperature 0 takes the lowest logit, ties going to the least loaded engine
