@@ -41,6 +41,18 @@ class _SentStep:
     started: float   # perf_counter when its scheduling began
     sent: float      # ... when it went to the worker
 
+    def abandon(self) -> None:
+        """Nobody takes its results (the worker is gone or changed): its fate is unknown."""
+        self.call.cancel()
+        self.call.add_done_callback(_retrieve_exception)
+
+
+def _retrieve_exception(task: asyncio.Task[wire.StepOutput]) -> None:
+    # NOTE: an abandoned step that failed first (the worker died under both) must not be
+    # logged as "exception never retrieved": the step loop already handled the loss.
+    if not task.cancelled():
+        task.exception()
+
 
 class SchedulerService(Service):
     name = "scheduler"
@@ -317,7 +329,7 @@ class SchedulerService(Service):
                     await self._wait_for_work()
         finally:
             if in_flight is not None:
-                in_flight.call.cancel()   # the worker is gone or changed: its fate is unknown
+                in_flight.abandon()
 
     async def _wait_for_work(self) -> None:
         """Until a request, an abort, a worker change, or the next deadline."""
@@ -341,7 +353,7 @@ class SchedulerService(Service):
                 await self._take_results(in_flight)
             except BaseException:
                 if sent is not None:
-                    sent.call.cancel()
+                    sent.abandon()
                 raise
         elif sent is None:
             await self._wait_for_work()  # nothing fits now: wait for a request or an abort
