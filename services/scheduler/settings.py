@@ -40,9 +40,11 @@ class SchedulerSettings(CommonSettings, EngineSettings, KVIndexSettings):
     kv_role: str = setting("both", "This engine in prefill/decode disaggregation: both (load "
                            "and save), producer (prefill engine: saves) or consumer (decode "
                            "engine: loads)", choices=("both", "producer", "consumer"))
-    kv_save_mode: str = setting("write_through", "Save full prompt blocks as soon as they are "
-                                "computed, or cached blocks when the pool reuses them",
-                                choices=("write_through", "on_evict"))
+    kv_save_mode: str = setting(
+        "on_reuse", "Save a prompt's blocks when a later request first reuses them (a prefix "
+        "seen once seldom returns), every full prompt block as soon as it is computed, or "
+        "cached blocks when the pool reuses them",
+        choices=("on_reuse", "write_through", "on_evict"))
     kv_load_failure_policy: str = setting(
         "recompute", "A load that fails (bad checksum, store gone, timeout): recompute what "
         "did not arrive intact, or fail the request", choices=("recompute", "fail"))

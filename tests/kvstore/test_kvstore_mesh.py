@@ -1,5 +1,6 @@
 """The kvstore in a real mesh (valkey-server, a kvstore node behind a fault proxy, engines):
-a long prompt computed on one engine is loaded on another with identical greedy output; a
+a long prompt computed and reused on one engine (the default save mode stores it on reuse) is
+loaded on another with identical greedy output; a
 corrupted block, a slow store and a kvstore killed mid-load end in a recompute within a
 bounded time while the engine serves others; a producer + consumer pair serves a request as
 one engine would; the node's memory stays within its bound under a soak."""
@@ -103,7 +104,11 @@ def test_a_prompt_computed_on_engine_a_is_loaded_on_engine_b(kv_mesh: Mesh) -> N
     prompt = tokens(2000, seed=1)
     on_a = complete(kv_mesh, prompt, "two-engines")
     assert cached(on_a) == 0
-    wait_until_stored(kv_mesh, 2000 // BLOCK)   # engine A wrote its full prompt blocks through
+    # Reused on engine A: the default save mode (on_reuse) sends the blocks it hit to the store.
+    again = complete(kv_mesh, prompt, "two-engines")
+    assert cached(again) == 1999 // BLOCK * BLOCK
+    assert again["choices"][0]["text"] == on_a["choices"][0]["text"]
+    wait_until_stored(kv_mesh, 1999 // BLOCK)
     kv_mesh.remove_service("scheduler")   # engine A goes away with its prefix cache
     kv_mesh.remove_service("worker")
     kv_mesh.add_engine("b", worker_args=["--kv-load-timeout-s", str(LOAD_TIMEOUT_S)])
@@ -122,11 +127,12 @@ def test_a_prompt_computed_on_engine_a_is_loaded_on_engine_b(kv_mesh: Mesh) -> N
 
 
 def computed_then_reset(mesh: Mesh, prompt: list[int], salt: str) -> str:
-    """Computes (and saves) the prompt, then empties the engine's own prefix cache: the next
-    run of the prompt can only reuse it from the kvstore."""
+    """Computes the prompt and reuses it (which saves it), then empties the engine's own
+    prefix cache: the next run of the prompt can only reuse it from the kvstore."""
     before = stored_blocks(mesh)
     text = complete(mesh, prompt, salt)["choices"][0]["text"]
-    wait_until_stored(mesh, before + len(prompt) // BLOCK)
+    assert complete(mesh, prompt, salt)["choices"][0]["text"] == text
+    wait_until_stored(mesh, before + (len(prompt) - 1) // BLOCK)
     reset_prefix_cache(mesh)
     return text
 

@@ -180,3 +180,44 @@ def test_on_evict_saves_blocks_before_the_pool_reuses_them() -> None:
     hashes = engine.block_hasher.hash_blocks(PROMPT)
     assert [store[h] for h in hashes if h in store] == [
         PROMPT[i * BLOCK:(i + 1) * BLOCK] for i, h in enumerate(hashes) if h in store]
+
+
+def test_on_reuse_saves_a_prefix_when_a_later_request_hits_it_once() -> None:
+    store: dict = {}
+    engine, worker, connector = make_engine(store, save_mode=SaveMode.ON_REUSE)
+    engine.add_request(make_request("a", PROMPT, max_tokens=2))
+    run_until_done(engine, worker)
+    assert not store   # seen once: not saved
+    hashes = engine.block_hasher.hash_blocks(PROMPT)
+    # Reused: the 10 full blocks the second request hits are saved, with their content.
+    engine.add_request(make_request("b", PROMPT + [1, 2, 3, 4, 5], max_tokens=2))
+    run = run_until_done(engine, worker)
+    assert run.outputs["b"] == reference_output(PROMPT + [1, 2, 3, 4, 5], 2)
+    assert sorted(store) == sorted(hashes)
+    assert [store[h] for h in hashes] == [PROMPT[i * BLOCK:(i + 1) * BLOCK] for i in range(10)]
+    connector.hold_finished([])   # the service reads the worker's save reports
+    assert connector.num_saved_blocks == 10
+    # Reused again: nothing new to save.
+    engine.add_request(make_request("c", PROMPT, max_tokens=2))
+    run_until_done(engine, worker)
+    connector.hold_finished([])
+    assert len(worker.saves_seen) == 1 and connector.num_saved_blocks == 10
+
+
+def test_on_reuse_saves_again_what_a_failed_save_lost() -> None:
+    store: dict = {}
+    engine, worker, connector = make_engine(store, save_mode=SaveMode.ON_REUSE)
+    for request_id in ("a", "b"):
+        engine.add_request(make_request(request_id, PROMPT, max_tokens=2))
+        out = engine.schedule()
+        runner_output = worker.execute(out)
+        runner_output.kv_connector_output.saved = [
+            (save_id, False) for save_id, _ in runner_output.kv_connector_output.saved]
+        engine.update_from_output(out, runner_output)
+        connector.hold_finished([])
+        run_until_done(engine, worker)
+    assert connector.num_save_failures == 1 and connector.num_saved_blocks == 0
+    engine.add_request(make_request("c", PROMPT, max_tokens=2))
+    run_until_done(engine, worker)
+    connector.hold_finished([])
+    assert connector.num_saved_blocks == 10 and len(worker.saves_seen) == 2

@@ -5,8 +5,10 @@ It decides, without I/O, what moves between the worker's KV tensors and the kvst
   cache gets blocks for them and waits (WAITING_FOR_REMOTE_KVS) while the worker fills
   them over gRPC; other requests keep running. The store lookup itself ran before the request
   was admitted (services/scheduler/kv/lookup.py), so the step loop never waits on Redis.
-- saves: full prompt blocks a step computes are written through to the store (or, with
-  save mode on_evict, blocks are copied out when the pool reuses them).
+- saves: by save mode, a prompt's cached blocks the first time a later request reuses them
+  (on_reuse, the default: a prefix seen once seldom comes back, one seen twice does —
+  SGLang's write_through_selective), every full prompt block a step computes (write_through),
+  or cached blocks when the pool reuses them (on_evict).
 - a producer request (prefill/decode disaggregation) finishes only once the store
   acknowledged every full block of its prompt.
 The engine core calls it at fixed points (scheduler.py); the worker reports results in
@@ -17,6 +19,7 @@ core/: the service side (lookup, wire columns, metrics) lives in services/schedu
 from __future__ import annotations
 
 import hashlib
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -25,6 +28,9 @@ from services.scheduler.core.output import EngineCoreOutput
 from services.scheduler.core.request import Request
 
 _INT32_MAX = 2**31 - 1
+# Hashes of blocks this engine saved or loaded, so a prefix reused again is not saved again
+# (a bound: the store forgets blocks too; one that falls out is at worst saved twice).
+_MAX_KNOWN_STORED = 1 << 16
 
 
 class KVRole(str, Enum):
@@ -39,6 +45,7 @@ class LoadFailurePolicy(str, Enum):
 
 
 class SaveMode(str, Enum):
+    ON_REUSE = "on_reuse"             # cached blocks, when a later request first hits them
     WRITE_THROUGH = "write_through"   # every full prompt block, as soon as it is computed
     ON_EVICT = "on_evict"             # cached blocks, when the pool reuses them
 
@@ -98,6 +105,9 @@ class SchedulerKVConnector:
         self._live_nodes = live_nodes
         self._loading: dict[int, _Loading] = {}           # handle -> load in flight
         self._new_loads: list[KVLoad] = []
+        self._reused: dict[Request, int] = {}              # admitted this step: blocks hit
+        self._known_stored: OrderedDict[bytes, None] = OrderedDict()
+        self._reuse_saves: dict[int, list[bytes]] = {}    # save id -> hashes (on_reuse)
         self._save_sizes: dict[int, int] = {}             # save id -> blocks, until reported
         self._saves_of: dict[int, int] = {}               # save id -> handle (producers)
         self._pending_saves: dict[int, int] = {}          # handle -> unacknowledged saves
@@ -129,6 +139,7 @@ class SchedulerKVConnector:
         load = KVLoad(request.handle, block_ids,
                       request.block_hashes[first:first + len(block_ids)],
                       nodes[first:first + len(block_ids)])
+        self._remember_stored(load.block_hashes)
         assert request.handle is not None
         self._loading[request.handle] = _Loading(request, num_local_tokens, len(block_ids), now)
         self._new_loads.append(load)
@@ -163,7 +174,36 @@ class SchedulerKVConnector:
     def saves_on_eviction(self) -> bool:
         return self.save_mode is SaveMode.ON_EVICT and self.role is not KVRole.CONSUMER
 
-    # ---- saves (the core, when it builds a step)
+    # ---- saves (the core, when it admits a request and when it builds a step)
+    def prefix_reused(self, request: Request, num_local_tokens: int) -> None:
+        """A request's first admission hit `num_local_tokens` in the local prefix cache: in
+        save mode on_reuse, those of its blocks not stored yet are saved in this step (if it
+        is still scheduled when the step is built)."""
+        if self.save_mode is SaveMode.ON_REUSE and self.role is not KVRole.CONSUMER:
+            self._reused[request] = num_local_tokens // self.block_size
+
+    def _save_reused(self, request: Request, num_blocks: int,
+                     block_ids_of: Callable[[str], list[int]],
+                     nodes: Sequence[str]) -> KVSave | None:
+        fresh = [i for i in range(num_blocks)
+                 if request.block_hashes[i] not in self._known_stored]
+        if not fresh:
+            return None
+        block_ids = block_ids_of(request.request_id)
+        hashes = [request.block_hashes[i] for i in fresh]
+        save = KVSave(self._new_save_id(), [block_ids[i] for i in fresh], hashes,
+                      _pick_node(nodes, hashes[0]), False)
+        self._remember_stored(hashes)
+        self._reuse_saves[save.save_id] = hashes
+        return save
+
+    def _remember_stored(self, hashes: Sequence[bytes]) -> None:
+        for block_hash in hashes:
+            self._known_stored[block_hash] = None
+            self._known_stored.move_to_end(block_hash)
+        while len(self._known_stored) > _MAX_KNOWN_STORED:
+            self._known_stored.popitem(last=False)
+
     def build_meta(self, scheduled: Sequence[tuple[Request, int]],
                    block_ids_of: Callable[[str], list[int]],
                    evicted: Sequence[tuple[int, bytes]]) -> KVConnectorMetadata:
@@ -172,19 +212,24 @@ class SchedulerKVConnector:
         reused this step."""
         meta = KVConnectorMetadata(self._new_loads)
         self._new_loads = []
+        reused, self._reused = self._reused, {}
         nodes = self._live_nodes()
         if not nodes or self.role is KVRole.CONSUMER:
             return meta
+        saves = []
         if self.save_mode is SaveMode.ON_EVICT:
             for block_id, block_hash in evicted:
-                meta.saves.append(KVSave(self._new_save_id(), [block_id], [block_hash],
-                                         _pick_node(nodes, block_hash), True))
+                saves.append(KVSave(self._new_save_id(), [block_id], [block_hash],
+                                    _pick_node(nodes, block_hash), True))
         for request, num_new_tokens in scheduled:
             save = self._write_through(request, num_new_tokens, block_ids_of, nodes)
+            if save is None and request in reused:
+                save = self._save_reused(request, reused[request], block_ids_of, nodes)
             if save is not None:
-                meta.saves.append(save)
-        for save in meta.saves:
+                saves.append(save)
+        for save in saves:
             self._save_sizes[save.save_id] = len(save.block_ids)
+        meta.saves += saves
         return meta
 
     def _write_through(self, request: Request, num_new_tokens: int,
@@ -242,6 +287,10 @@ class SchedulerKVConnector:
         self._pending_saves.clear()
         self._saves_of.clear()
         self._save_sizes.clear()
+        for hashes in self._reuse_saves.values():   # lost with the worker: not stored
+            for block_hash in hashes:
+                self._known_stored.pop(block_hash, None)
+        self._reuse_saves.clear()
         return held
 
     def _take_saved_handles(self) -> list[int]:
@@ -249,10 +298,13 @@ class SchedulerKVConnector:
         done = []
         for save_id, ok in self._output.saved:
             num_blocks = self._save_sizes.pop(save_id, 0)
+            reused = self._reuse_saves.pop(save_id, ())
             if ok:
                 self.num_saved_blocks += num_blocks
             else:
                 self.num_save_failures += 1
+                for block_hash in reused:   # saved again at its next reuse
+                    self._known_stored.pop(block_hash, None)
             handle = self._saves_of.pop(save_id, None)
             if handle is None:
                 continue

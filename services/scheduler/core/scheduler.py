@@ -241,6 +241,8 @@ class Scheduler:
                 return False
         assert self.waiting.peek_request() is request
         self.waiting.pop_request()
+        if self.kv_connector is not None and request.first_scheduled_time is None:
+            self.kv_connector.prefix_reused(request, num_computed_tokens)
         if num_external_tokens:
             self._start_loading(request, num_computed_tokens)
             return True
