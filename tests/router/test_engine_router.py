@@ -163,24 +163,45 @@ def test_a_new_session_goes_where_fewer_session_histories_are_held() -> None:
 
 def test_the_history_weight_trades_held_sessions_against_a_cached_prefix() -> None:
     """e0 serves a conversation with a 10-block history and holds a 16-block system prompt
-    (another request's). A new session with that prompt goes there by cache alone, and
-    with the history counted once (10 < 16 blocks saved); weighted 2 (the history is still
-    growing), it goes to the idle e1."""
+    (another request's); e1 serves one with a 1-block history. A new session with that
+    prompt goes to e0 by cache alone, and with the histories counted once (10 - 1 < 16
+    blocks saved); weighted 2 (they are still growing), it goes to e1."""
     system = tokens(40, 16 * BLOCK_SIZE)
     chosen = {}
     for weight in (0.0, 1.0, 2.0):
         kv = router(history_weight=weight)
         kv.index.apply("sched-e0", CLEARED)
         kv.index.apply("sched-e1", CLEARED)
-        first = kv.route([engine("e0"), engine("e1")], tokens(41, 10 * BLOCK_SIZE),
-                         session_id="a")
-        assert first.engine.engine_id == "e0"
-        kv.settle(first)
+        for session_id, seed, num_blocks in (("a", 41, 10), ("c", 43, 1)):
+            kv.settle(kv.route([engine("e0"), engine("e1")],
+                               tokens(seed, num_blocks * BLOCK_SIZE), session_id=session_id))
+        assert kv.sessions.num_blocks_on("e0") == 10 and kv.sessions.num_blocks_on("e1") == 1
         kv.index.apply("sched-e0", stored(system))
         new = kv.route([engine("e0"), engine("e1")],
                        np.concatenate([system, tokens(42, 4 * BLOCK_SIZE)]), session_id="b")
         chosen[weight] = new.engine.engine_id
     assert chosen == {0.0: "e0", 1.0: "e0", 2.0: "e1"}
+
+
+def test_new_sessions_split_evenly_whatever_the_momentary_load_and_cache() -> None:
+    """Eight agents begin while e0 looks idle and holds their shared system prompt: by cost
+    alone most would land on e0; they split four and four, and a session's later turns
+    still stick."""
+    kv = router()
+    kv.index.apply("sched-e0", CLEARED)
+    kv.index.apply("sched-e1", CLEARED)
+    system = tokens(50, 32 * BLOCK_SIZE)
+    kv.index.apply("sched-e0", stored(system))
+    engines = [engine("e0"), engine("e1", kv_cache_usage=0.05)]
+    placed = [kv.route(engines, np.concatenate([system, tokens(60 + i, 24 * BLOCK_SIZE)]),
+                       session_id=f"agent-{i}").engine.engine_id for i in range(8)]
+    assert sorted(placed) == ["e0"] * 4 + ["e1"] * 4
+    assert (kv.sessions.num_sessions_on("e0"), kv.sessions.num_sessions_on("e1")) == (4, 4)
+    later = kv.route(engines, tokens(70), session_id="agent-1")
+    assert later.engine.engine_id == placed[1] and later.reason == "session"
+    # An engine past the busy threshold takes no new session while another has room.
+    busy = [engine("e0"), engine("e1", kv_cache_usage=0.95)]
+    assert kv.route(busy, tokens(71), session_id="agent-8").engine.engine_id == "e0"
 
 
 def test_session_histories_follow_their_sessions_and_expire() -> None:

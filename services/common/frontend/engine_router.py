@@ -194,6 +194,8 @@ class EngineRouter:
         if only is not None:
             chosen, num_overlap = only, overlaps.get(only.engine_id, 0)
         else:
+            if new_session:
+                engines = self._least_busy_with_sessions(engines)
             decision = self._cost(block_size).choose(
                 num_prompt_blocks, {e.engine_id: self._load(e, new_session) for e in engines},
                 overlaps)
@@ -203,6 +205,18 @@ class EngineRouter:
             self.approximate.record(chosen.engine_id, hashes)
         return Route(chosen, reason, num_overlap * block_size,
                      num_prompt_blocks - num_overlap, num_prompt_blocks, block_size)
+
+    def _least_busy_with_sessions(self, engines: Sequence[EngineView]) -> list[EngineView]:
+        """Where a new session may go: of the engines under the busy threshold, those serving
+        the fewest live sessions per KV block. Its later turns stick to the engine, so the
+        split of sessions sets the engines' load for their whole length; the moment's load
+        and cache (the cost) only choose among these (measured: placed by cost alone, five
+        of eight agents landed on one engine of two, docs/benchmarks.md 11e)."""
+        open_ = [e for e in engines if e.kv_cache_usage < self._busy_threshold] or engines
+        share = {e.engine_id: self.sessions.num_sessions_on(e.engine_id) / max(e.num_blocks, 1)
+                 for e in open_}
+        fewest = min(share.values())
+        return [e for e in open_ if share[e.engine_id] == fewest]
 
     def cached_tokens(self, engines: Sequence[EngineView], token_ids: np.ndarray,
                       cache_salt: str = "", lora_id: int = 0,

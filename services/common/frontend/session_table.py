@@ -2,10 +2,11 @@
 
 A session (the `prompt_cache_key` body field, or an `x-session-id` header) is bound to the
 engine its last turn went to, with that turn's prompt size: the history the engine holds for
-it and that its next turn will want back. The router places a *new* session by the sum of
-those histories per engine as well as by its load, so conversations split by the KV they
-need, not by which engine was idle the moment each began (measured: five of eight agents on
-one engine of two, which then recomputed evicted histories while the other idled).
+it and that its next turn will want back. The router places a *new* session on an engine
+serving the fewest live sessions for its KV, then by the sum of their histories and its load,
+so conversations split by what they will need, not by which engine was idle the moment each
+began (measured: five of eight agents on one engine of two, which then recomputed evicted
+histories while the other idled).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class SessionTable:
         self._max_entries = max_entries
         self._entries: OrderedDict[str, _Session] = OrderedDict()   # least recent first
         self._blocks_on: dict[str, int] = {}   # engine id -> its live sessions' blocks
+        self._sessions_on: dict[str, int] = {}   # engine id -> its live sessions
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -62,6 +64,11 @@ class SessionTable:
         self._expire()
         return self._blocks_on.get(engine_id, 0)
 
+    def num_sessions_on(self, engine_id: str) -> int:
+        """Live sessions bound to the engine."""
+        self._expire()
+        return self._sessions_on.get(engine_id, 0)
+
     def _expire(self) -> None:
         oldest = self._clock() - self._ttl_s
         while self._entries:
@@ -72,8 +79,13 @@ class SessionTable:
             self._count(entry, -1)
 
     def _count(self, entry: _Session, sign: int) -> None:
-        left = self._blocks_on.get(entry.engine_id, 0) + sign * entry.num_blocks
-        if left > 0:
-            self._blocks_on[entry.engine_id] = left
-        else:
-            self._blocks_on.pop(entry.engine_id, None)
+        _add(self._blocks_on, entry.engine_id, sign * entry.num_blocks)
+        _add(self._sessions_on, entry.engine_id, sign)
+
+
+def _add(counts: dict[str, int], engine_id: str, delta: int) -> None:
+    left = counts.get(engine_id, 0) + delta
+    if left > 0:
+        counts[engine_id] = left
+    else:
+        counts.pop(engine_id, None)
