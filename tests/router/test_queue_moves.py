@@ -1,15 +1,21 @@
 """Which engine a request queued past the bound moves to, if any (no mesh): prefill work
 there — its queue plus the prompt tokens it lacks — against the work still ahead where the
-request waits, and the KV router's count of what each engine holds of a prompt."""
+request waits, the KV router's count of what each engine holds of a prompt, and a request
+moved for queueing once only."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import time
 
 import numpy as np
 
-from services.common.frontend.mesh_client import queue_move_target
-from services.common.frontend.mesh_view import EngineView
+from services.common import wire
+from services.common.frontend.mesh_client import Generation, MeshClient, queue_move_target
+from services.common.frontend.mesh_view import EngineView, MeshView
+from services.common.subjects import Subjects
+from tests.frontend.test_stall_watchdog import FakeBus
 from tests.router.test_engine_router import engine, router, tokens
 
 HISTORY = 3_400        # a long conversation's prompt
@@ -72,3 +78,53 @@ def test_the_router_says_how_much_of_a_prompt_each_engine_holds() -> None:
     turn = np.concatenate([history, tokens(4, 40)])
     assert kv.cached_tokens(engines, turn) == {"e0": len(history), "e1": 0}
     assert kv.cached_tokens(engines, turn, cache_salt="another tenant") == {"e0": 0, "e1": 0}
+
+
+class MoveRecorder:
+    """Stands for the Migrator: records each move and places the request where it went."""
+
+    def __init__(self) -> None:
+        self.moves: list[tuple[str, str | None, str | None]] = []
+
+    def move(self, generations: list[Generation], reason: str, *, away_from: str | None = None,
+             to_engine: str | None = None, stalled_engine: str | None = None) -> None:
+        for generation in generations:
+            self.moves.append((generation.request_id, away_from, to_engine))
+            generation.engine_id = to_engine or generation.engine_id
+            generation.placed_at = time.monotonic() - 60.0   # queued again, past the bound
+
+
+def queue_beat(engine_id: str, num_waiting: int, num_running_prefill_tokens: int = 0
+               ) -> wire.Heartbeat:
+    return wire.Heartbeat(service="scheduler", instance_id=f"s-{engine_id}", ready=True,
+                          engine_id=engine_id, engine=wire.EngineInfo(
+                              model="m", max_model_len=8192, block_size=16, num_blocks=1000,
+                              num_running=1, num_waiting=num_waiting,
+                              num_waiting_tokens=num_waiting * HISTORY,
+                              num_running_prefill_tokens=num_running_prefill_tokens,
+                              worker_ready=True, num_steps=1, max_num_seqs=8))
+
+
+async def test_a_request_moves_for_queueing_once_and_never_back() -> None:
+    """Past capacity both engines queue in turn: a turn moved off e0 sits in e1's long
+    prefill, where the gateway cannot tell it from queued. Moved again, it would throw that
+    prefill away and recompute on e0."""
+    view = MeshView(stale_after_s=60.0, stall_after_s=0.0)
+    view.on_heartbeat(queue_beat("e0", num_waiting=3))
+    view.on_heartbeat(queue_beat("e1", num_waiting=0))
+    client = MeshClient(FakeBus(), Subjects("test"), "g1", view, 5.0)  # type: ignore[arg-type]
+    recorder = MoveRecorder()
+    client.migrator = recorder  # type: ignore[assignment]
+    e0 = next(e for e in view.ready_engines() if e.engine_id == "e0")
+    request = wire.GenerateRequest(request_id="cmpl-1-0-0",
+                                   prompt_token_ids=np.zeros(HISTORY, np.int32).tobytes(),
+                                   sampling=wire.SamplingParams(max_tokens=8))
+    generation = await client.submit(e0, request, 0, asyncio.Queue())
+    generation.detokenize, generation.model = wire.DetokenizeParams(), "m"
+    generation.placed_at -= 60.0
+    assert client.move_queued(15.0, 0.9) == 1
+    assert recorder.moves == [("cmpl-1-0-0", "e0", "e1")]
+    # Now e1 is busy with it and more, e0 has drained: it stays.
+    view.on_heartbeat(queue_beat("e1", num_waiting=3, num_running_prefill_tokens=HISTORY))
+    view.on_heartbeat(queue_beat("e0", num_waiting=0))
+    assert client.move_queued(15.0, 0.9) == 0 and len(recorder.moves) == 1

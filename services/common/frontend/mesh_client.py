@@ -54,6 +54,7 @@ class Generation:
     num_chars: int = 0                          # characters of text received so far
     num_moves: int = 0
     moving: bool = False
+    queue_moved: bool = False                   # moved once for queueing: never again
     placed_at: float = field(default_factory=time.monotonic)
     last_output_at: float = field(default_factory=time.monotonic)  # or placed, if later
     deadline_at: float | None = None            # monotonic: when the request must have ended
@@ -261,14 +262,18 @@ class MeshClient:
         `cached_tokens` says what each engine holds of a prompt): one slow or busy engine
         cannot hold requests the others could serve, and a long history cached where it
         waits is not recomputed elsewhere for nothing. At most one per engine with room per
-        sweep, so a queue is not moved whole onto one engine."""
+        sweep, so a queue is not moved whole onto one engine; and once per request: the
+        gateway cannot tell a request still queued from one part-way through a long prefill,
+        and moving that one again throws the prefill away (measured past capacity: turns
+        moved two and three times, each recomputing a 3,000-token history)."""
         if after_s <= 0:
             return 0
         now = time.monotonic()
         moved = 0
         for generation in list(self._generations.values()):
             if (generation.moving or generation.finished or generation.output_token_ids
-                    or now - generation.placed_at < after_s or not is_movable(generation)):
+                    or generation.queue_moved or now - generation.placed_at < after_s
+                    or not is_movable(generation)):
                 continue
             engines = self._view.candidate_engines(generation.model)
             here = next((e for e in engines if e.engine_id == generation.engine_id), None)
@@ -286,6 +291,7 @@ class MeshClient:
             log.info("request queued past the bound; moving it",
                      request_id=generation.request_id, engine=generation.engine_id,
                      to_engine=target.engine_id, queued_s=round(now - generation.placed_at, 1))
+            generation.queue_moved = True
             self.migrator.move([generation], "queued behind a busy engine",
                                away_from=generation.engine_id, to_engine=target.engine_id)
             moved += 1
