@@ -216,20 +216,18 @@ class SchedulerKVConnector:
         nodes = self._live_nodes()
         if not nodes or self.role is KVRole.CONSUMER:
             return meta
-        saves = []
         if self.save_mode is SaveMode.ON_EVICT:
             for block_id, block_hash in evicted:
-                saves.append(KVSave(self._new_save_id(), [block_id], [block_hash],
-                                    _pick_node(nodes, block_hash), True))
+                meta.saves.append(KVSave(self._new_save_id(), [block_id], [block_hash],
+                                         _pick_node(nodes, block_hash), True))
         for request, num_new_tokens in scheduled:
             save = self._write_through(request, num_new_tokens, block_ids_of, nodes)
             if save is None and request in reused:
                 save = self._save_reused(request, reused[request], block_ids_of, nodes)
             if save is not None:
-                saves.append(save)
-        for save in saves:
+                meta.saves.append(save)
+        for save in meta.saves:
             self._save_sizes[save.save_id] = len(save.block_ids)
-        meta.saves += saves
         return meta
 
     def _write_through(self, request: Request, num_new_tokens: int,
