@@ -1,17 +1,22 @@
 // y = x W^T with W kept in its GGUF block quantization (Q4_1 or Q8_0, blocks of 32 along K)
-// and expanded on the fly, row by row, into fp32 values bit-identical to the dequantized
-// checkpoint: Q4_1 as fp32(d * q) + m, Q8_0 as d * q, each product and sum rounded once
-// (what gguf's numpy dequantizer computes; -ffp-contract=off keeps them unfused). The math
-// is the fp32 model's; only the bytes read per step shrink (~5 bits a weight instead of 32),
-// which is what a small-batch decode step is bound by.
+// and expanded on the fly into fp32 values bit-identical to the dequantized checkpoint:
+// Q4_1 as fp32(d * q) + m, Q8_0 as d * q (gguf's numpy dequantizer). The math is the fp32
+// model's; only the bytes read per step shrink (~5 bits a weight instead of 32). Q4_1 expands
+// with one FMA, d * q + m rounded once: the same value, since PackedBlocks.of admits only
+// scales whose product with a 4-bit code is exact in fp32 (GGUF's fp16 scales are).
 //
-// Work splits over output columns in groups (8 with AVX-512, 4 with AVX2's 16 registers);
-// each group's weight rows are expanded once into a thread-local buffer and every row of x
-// is dotted against all of them (2 rows at a time, then one). Every (row, column)
-// has one accumulator summed in the same order whatever the grouping, so a column's
-// result does not depend on the other rows of x: batch-invariant.
-// NOTE: with 2 columns a group, a lone row kept only 2 FMA chains in flight (latency-bound)
-// and a step paid ~4.5 ms per extra row on SmolLM2 (a decode verifying drafts has 2-5).
+// Every output is one FMA chain over k = 0 .. K-1 in order, whatever the path, tile or
+// chunk: a row's result does not depend on the other rows of x (batch-invariant).
+// - Up to kDirectRows rows (decode): each group's weights are expanded in registers and used
+//   at once by every row (direct_tile).
+// - More rows (prefill, large decode batches): a GEMM of BLIS's outer-product kind. A panel
+//   of kPanelGroups groups is expanded, one K chunk at a time, into an L1-sized buffer laid
+//   out [k][columns], and tiles of kTileRows rows broadcast x[r, k] against it (tile); the
+//   chains carry over between chunks through y itself.
+// NOTE: the dot-product kernel before this (4 expanded weight rows dotted with 2 rows of x,
+// summed horizontally) re-read all of x from L2 for every 4 columns, 5.8 GB a step at 32 rows
+// on SmolLM2: 61-79 GFLOP/s against oneDNN's 94 on 2 AVX2 cores; this one reaches 111-125
+// (benchmarks/quant_linear.py).
 #include "cpu_common.h"
 #include "ops.h"
 
@@ -25,102 +30,211 @@ namespace {
 
 constexpr int kBlock = 32;
 
-struct QuantWeight {
-  const float* scales;   // [N, K / 32]
-  const float* mins;     // [N, K / 32] (Q4_1 only)
-  const uint8_t* qs;     // Q4_1: [N, K / 2] nibbles, GGUF order; Q8_0: [N, K] int8
-  int64_t n, k;
-  bool q4;
-};
-
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 #define MESH_HAS_QUANT_LINEAR 1
 
-// kVec bytes (the low ones of `bytes`) as kVec floats.
-inline fVec widen(__m128i bytes, bool is_signed) {
+// Accumulators a tile keeps in registers (of 16 with AVX2, 32 with AVX-512), leaving room
+// for the panel's vectors of one k and the broadcast x.
 #if defined(CPU_CAPABILITY_AVX512)
-  return fVec(_mm512_cvtepi32_ps(is_signed ? _mm512_cvtepi8_epi32(bytes)
-                                           : _mm512_cvtepu8_epi32(bytes)));
+constexpr int kAccumulators = 24;
 #else
-  return fVec(_mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(bytes)
-                                           : _mm256_cvtepu8_epi32(bytes)));
+constexpr int kAccumulators = 12;
+#endif
+// A panel's width in vectors. NOTE: 3 (tiles of 4 rows) measured 1.6x slower than 2 (tiles
+// of 6) at 32 rows on 2 AVX2 cores.
+constexpr int kPanelGroups = 2;
+constexpr int kTileRows = kAccumulators / kPanelGroups;
+constexpr int kPanelFloats = 4096;   // the expanded chunk: 16 KB, half of a Zen 2 core's L1d
+// Batches up to this many rows expand the weights in registers (direct_tile), larger ones
+// into panels (tile): 25.8 against 34.1 ms a SmolLM2 step's linears at 8 rows, 36.0 at 9.
+constexpr int kDirectRows = 8;
+
+// A weight packed by PackedBlocks.of (services/worker/models/quantized.py): for each group of
+// kVec columns, its blocks of 32 k in order, each block block_bytes(): the kVec scales (fp32),
+// Q4_1's kVec mins, then the codes of the 32 k, the group's columns side by side at each k
+// (Q4_1: kVec / 2 bytes, column 2j in the low nibble of byte j and 2j + 1 in the high one;
+// Q8_0: kVec int8). One group's weights are one stream in memory, as the prefetcher likes.
+struct PackedWeight {
+  const uint8_t* blocks;   // [N / kVec, K / 32, block_bytes]
+  int64_t n, k;
+  bool q4;
+
+  int64_t block_bytes() const {
+    return q4 ? 2 * 4 * kVec + kBlock * kVec / 2 : 4 * kVec + kBlock * kVec;
+  }
+  const uint8_t* block(int64_t g, int64_t b) const {
+    return blocks + (g * (k / kBlock) + b) * block_bytes();
+  }
+  static fVec scales(const uint8_t* block) {
+    return fVec::loadu(reinterpret_cast<const float*>(block));
+  }
+  static fVec mins(const uint8_t* block) {
+    return fVec::loadu(reinterpret_cast<const float*>(block) + kVec);
+  }
+  const uint8_t* codes(const uint8_t* block) const { return block + (q4 ? 8 : 4) * kVec; }
+};
+
+// Consecutive k of one Q4_1 group whose packed codes fill 16 bytes: 4 with AVX2, 2 with
+// AVX-512. One nibble split serves them all.
+constexpr int kQ4Steps = 16 / (kVec / 2);
+
+// The Q4_1 codes of one group at kQ4Steps consecutive k (16 packed bytes at p) as floats.
+inline void q4_codes(const uint8_t* p, fVec* out) {
+  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i low_nibbles = _mm_set1_epi8(0x0F);
+  const __m128i lo = _mm_and_si128(packed, low_nibbles);
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low_nibbles);
+  // byte j holds column 2j (low nibble) and 2j + 1 (high): interleaving restores the order
+  const __m128i first = _mm_unpacklo_epi8(lo, hi), second = _mm_unpackhi_epi8(lo, hi);
+#if defined(CPU_CAPABILITY_AVX512)
+  out[0] = fVec(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(first)));
+  out[1] = fVec(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(second)));
+#else
+  out[0] = fVec(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(first)));
+  out[1] = fVec(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(first, 8))));
+  out[2] = fVec(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(second)));
+  out[3] = fVec(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(second, 8))));
 #endif
 }
 
-// 16 quants -> d * q (+ m) into dst[16]: one rounding per product and per sum, as gguf's.
-inline void expand16(__m128i bytes, bool is_signed, const fVec& d, const fVec* m, float* dst) {
-  for (int i = 0; i < 16; i += kVec) {
-    fVec v = d * widen(bytes, is_signed);
-    if (m != nullptr) v = v + *m;
-    v.store(dst + i);
-    bytes = _mm_srli_si128(bytes, kVec);
-  }
+// The Q8_0 codes of one group at one k (kVec bytes at p) as floats.
+inline fVec q8_codes(const uint8_t* p) {
+#if defined(CPU_CAPABILITY_AVX512)
+  return fVec(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))));
+#else
+  return fVec(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+      _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)))));
+#endif
 }
 
-// Weight row `row` as fp32 into dst[k].
-void expand_row(const QuantWeight& w, int64_t row, float* dst) {
-  const int64_t nb = w.k / kBlock;
-  const float* d = w.scales + row * nb;
+// use(i, weights) for i in 0 .. 31: the group's kVec weights at the block's i-th k, as fp32.
+template <typename Use>
+inline void expand_block(const PackedWeight& w, const uint8_t* block, Use&& use) {
+  const uint8_t* q = w.codes(block);
+  const fVec d = PackedWeight::scales(block);
   if (w.q4) {
-    const float* m = w.mins + row * nb;
-    const uint8_t* q = w.qs + row * (w.k / 2);
-    const __m128i low_nibbles = _mm_set1_epi8(0x0F);
-    for (int64_t b = 0; b < nb; ++b) {
-      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + b * 16));
-      const __m128i lo = _mm_and_si128(raw, low_nibbles);                      // elems 0..15
-      const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low_nibbles);  // elems 16..31
-      const fVec dv(d[b]), mv(m[b]);
-      expand16(lo, false, dv, &mv, dst + b * kBlock);
-      expand16(hi, false, dv, &mv, dst + b * kBlock + 16);
+    const fVec m = PackedWeight::mins(block);
+    for (int i = 0; i < kBlock; i += kQ4Steps) {
+      fVec codes[kQ4Steps];
+      q4_codes(q + i * (kVec / 2), codes);
+      for (int j = 0; j < kQ4Steps; ++j) use(i + j, at::vec::fmadd(d, codes[j], m));
     }
   } else {
-    const uint8_t* q = w.qs + row * w.k;
-    for (int64_t b = 0; b < nb; ++b) {
-      const __m128i* src = reinterpret_cast<const __m128i*>(q + b * kBlock);
-      const fVec dv(d[b]);
-      expand16(_mm_loadu_si128(src), true, dv, nullptr, dst + b * kBlock);
-      expand16(_mm_loadu_si128(src + 1), true, dv, nullptr, dst + b * kBlock + 16);
+    for (int i = 0; i < kBlock; ++i) use(i, d * q8_codes(q + i * kVec));
+  }
+}
+
+// Groups [g0, g0 + nv) at k in [k0, k0 + kc) as fp32 into panel[(k - k0) * nv * kVec ..].
+void expand_panel(const PackedWeight& w, int64_t g0, int nv, int64_t k0, int64_t kc,
+                  float* panel) {
+  const int64_t width = int64_t(nv) * kVec;
+  for (int v = 0; v < nv; ++v) {
+    for (int64_t b = k0 / kBlock; b < (k0 + kc) / kBlock; ++b) {
+      float* out = panel + (b * kBlock - k0) * width + v * kVec;
+      expand_block(w, w.block(g0 + v, b),
+                   [&](int i, const fVec& weights) { weights.store(out + i * width); });
     }
   }
 }
 
-// y[r, col .. col + NC) for MR rows of x starting at x_rows; w holds the NC expanded rows.
-template <int MR, int NC>
-inline void dot_rows(const float* x_rows, int64_t k, const float* w, float* y_rows, int64_t n,
-                     int64_t col) {
-  fVec acc[MR][NC];
+// y[r, col .. col + NV * kVec) for the MR rows of x at x_rows, over k in [k0, k0 + kc).
+template <int MR, int NV>
+inline void tile(const float* x_rows, int64_t k, int64_t k0, int64_t kc, const float* panel,
+                 float* y_rows, int64_t n, int64_t col) {
+  fVec acc[MR][NV];
   for (int r = 0; r < MR; ++r)
-    for (int c = 0; c < NC; ++c) acc[r][c] = fVec(0.f);
-  for (int64_t i = 0; i < k; i += kVec) {
-    fVec wv[NC];
-    for (int c = 0; c < NC; ++c) wv[c] = fVec::loadu(w + c * k + i);
+    for (int v = 0; v < NV; ++v)
+      acc[r][v] = k0 == 0 ? fVec(0.f) : fVec::loadu(y_rows + r * n + col + v * kVec);
+  for (int64_t i = 0; i < kc; ++i) {
+    fVec wv[NV];
+    for (int v = 0; v < NV; ++v) wv[v] = fVec::loadu(panel + i * NV * kVec + v * kVec);
     for (int r = 0; r < MR; ++r) {
-      const fVec xv = fVec::loadu(x_rows + r * k + i);
-      for (int c = 0; c < NC; ++c) acc[r][c] = at::vec::fmadd(xv, wv[c], acc[r][c]);
+      const fVec xv(x_rows[r * k + k0 + i]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = at::vec::fmadd(xv, wv[v], acc[r][v]);
     }
   }
   for (int r = 0; r < MR; ++r)
-    for (int c = 0; c < NC; ++c) y_rows[r * n + col + c] = hsum(acc[r][c]);
+    for (int v = 0; v < NV; ++v) acc[r][v].store(y_rows + r * n + col + v * kVec);
 }
 
-// Columns [col, col + NC) of y for every row of x, from their expanded weight rows.
-template <int NC>
-inline void columns(const QuantWeight& w, const float* xp, int64_t m, float* yp, int64_t col,
-                    float* rows) {
-  const int64_t k = w.k, n = w.n;
-  for (int c = 0; c < NC; ++c) expand_row(w, col + c, rows + c * k);
-  int64_t r = 0;
-  for (; r + 2 <= m; r += 2) dot_rows<2, NC>(xp + r * k, k, rows, yp + r * n, n, col);
-  if (r < m) dot_rows<1, NC>(xp + r * k, k, rows, yp + r * n, n, col);
+// Rows [r, m): MR at a time, then the rest with smaller tiles.
+template <int MR, int NV>
+inline void tiles(const float* xp, int64_t k, int64_t k0, int64_t kc, const float* panel,
+                  float* yp, int64_t n, int64_t col, int64_t r, int64_t m) {
+  for (; r + MR <= m; r += MR) tile<MR, NV>(xp + r * k, k, k0, kc, panel, yp + r * n, n, col);
+  if constexpr (MR > 1) {
+    if (r < m) tiles<MR - 1, NV>(xp, k, k0, kc, panel, yp, n, col, r, m);
+  }
 }
 
-// One lone row keeps kCols FMA chains in flight; two rows use 2 * kCols accumulators +
-// kCols weight vectors + 2 of x: 26 of AVX-512's 32 registers, 14 of AVX2's 16.
-#if defined(CPU_CAPABILITY_AVX512)
-constexpr int kCols = 8;
-#else
-constexpr int kCols = 4;
-#endif
+// Panels of NV groups from group g_begin on, for every row of x.
+template <int NV>
+void panels(const PackedWeight& w, const float* xp, int64_t m, float* yp, int64_t g_begin,
+            int64_t num_panels) {
+  const int64_t kc = std::max<int64_t>(kBlock, kPanelFloats / (NV * kVec) / kBlock * kBlock);
+  at::parallel_for(0, num_panels, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> panel(kc * NV * kVec);
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t g0 = g_begin + p * NV, col = g0 * kVec;
+      for (int64_t k0 = 0; k0 < w.k; k0 += kc) {
+        const int64_t chunk = std::min(kc, w.k - k0);
+        expand_panel(w, g0, NV, k0, chunk, panel.data());
+        tiles<std::min(kTileRows, kAccumulators / NV), NV>(xp, w.k, k0, chunk, panel.data(),
+                                                           yp, w.n, col, 0, m);
+      }
+    }
+  });
+}
+
+// All MR rows of x (MR <= kDirectRows) against group g's columns, its weights expanded in
+// registers as they are used: a batch this small does too few FMAs a weight to pay for
+// storing a panel and reading it back. The same FMA chains, in the same order, as tile().
+// NOTE: one group at a time measured fastest (SmolLM2, 2 AVX2 cores, one row: 15.3 ms a
+// step's linears against 16.0, 15.9 and 17.4 with 2, 4 and 12 groups side by side): the
+// expansion, not the FMA latency, bounds a small batch, and each group is a memory stream.
+template <int MR>
+void direct_tile(const PackedWeight& w, const float* xp, int64_t g, float* yp) {
+  fVec acc[MR];
+  for (int r = 0; r < MR; ++r) acc[r] = fVec(0.f);
+  for (int64_t b = 0; b < w.k / kBlock; ++b) {
+    const float* x = xp + b * kBlock;
+    expand_block(w, w.block(g, b), [&](int i, const fVec& weights) {
+      for (int r = 0; r < MR; ++r) acc[r] = at::vec::fmadd(fVec(x[r * w.k + i]), weights, acc[r]);
+    });
+  }
+  for (int r = 0; r < MR; ++r) acc[r].store(yp + r * w.n + g * kVec);
+}
+
+template <int MR>
+void direct(const PackedWeight& w, const float* xp, float* yp) {
+  at::parallel_for(0, w.n / kVec, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) direct_tile<MR>(w, xp, g, yp);
+  });
+}
+
+// Panels of kPanelGroups groups over the groups they divide evenly, then single groups.
+void all_panels(const PackedWeight& w, const float* xp, int64_t m, float* yp) {
+  const int64_t groups = w.n / kVec, full = groups / kPanelGroups;
+  if (full > 0) panels<kPanelGroups>(w, xp, m, yp, 0, full);
+  if (groups > full * kPanelGroups)
+    panels<1>(w, xp, m, yp, full * kPanelGroups, groups - full * kPanelGroups);
+}
+
+void dispatch(const PackedWeight& w, const float* xp, int64_t m, float* yp) {
+  switch (m) {   // kDirectRows
+    case 1: return direct<1>(w, xp, yp);
+    case 2: return direct<2>(w, xp, yp);
+    case 3: return direct<3>(w, xp, yp);
+    case 4: return direct<4>(w, xp, yp);
+    case 5: return direct<5>(w, xp, yp);
+    case 6: return direct<6>(w, xp, yp);
+    case 7: return direct<7>(w, xp, yp);
+    case 8: return direct<8>(w, xp, yp);
+    default: break;
+  }
+  all_panels(w, xp, m, yp);
+}
 
 #endif  // AVX2 or AVX-512
 
@@ -134,37 +248,26 @@ bool quant_linear_supported() {
 #endif
 }
 
-at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& scales, const at::Tensor& mins,
-                        const at::Tensor& qs) {
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& blocks, bool q4) {
 #if !defined(MESH_HAS_QUANT_LINEAR)
   TORCH_CHECK(false, "quant_linear needs AVX2 or AVX-512");
 #else
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be fp32 [M, K]");
-  TORCH_CHECK(scales.dim() == 2 && scales.scalar_type() == at::kFloat &&
-              scales.is_contiguous(), "scales must be contiguous fp32 [N, K / 32]");
-  TORCH_CHECK(qs.scalar_type() == at::kByte && qs.is_contiguous(), "qs must be uint8");
-  const int64_t n = scales.size(0), k = scales.size(1) * kBlock;
+  TORCH_CHECK(blocks.dim() == 3 && blocks.scalar_type() == at::kByte && blocks.is_contiguous(),
+              "blocks must be packed: contiguous uint8 [N / ", kVec, ", K / 32, bytes] "
+              "(PackedBlocks.of)");
+  const int64_t n = blocks.size(0) * kVec, k = blocks.size(1) * kBlock;
+  const PackedWeight probe{nullptr, n, k, q4};
+  TORCH_CHECK(blocks.size(2) == probe.block_bytes(), "a packed block has ", blocks.size(2),
+              " bytes; ", q4 ? "Q4_1" : "Q8_0", " with ", kVec, " columns a group has ",
+              probe.block_bytes());
   TORCH_CHECK(x.size(1) == k, "x has ", x.size(1), " columns, the weight ", k);
-  TORCH_CHECK(n % 2 == 0, "the weight needs an even number of rows");
-  const bool q4 = mins.numel() > 0;
-  TORCH_CHECK(!q4 || (mins.sizes() == scales.sizes() && mins.is_contiguous() &&
-                      mins.scalar_type() == at::kFloat), "mins must match scales");
-  TORCH_CHECK(qs.numel() == n * (q4 ? k / 2 : k), "qs has the wrong size");
   const at::Tensor xc = x.contiguous();
   const int64_t m = xc.size(0);
   at::Tensor y = at::empty({m, n}, x.options());
-  const QuantWeight w{scales.data_ptr<float>(), q4 ? mins.data_ptr<float>() : nullptr,
-                      qs.data_ptr<uint8_t>(), n, k, q4};
-  const float* xp = xc.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  const int64_t groups = n / kCols;   // then pairs, where kCols does not divide n
-  at::parallel_for(0, groups, 8, [&](int64_t begin, int64_t end) {
-    std::vector<float> rows(kCols * k);
-    for (int64_t group = begin; group < end; ++group)
-      columns<kCols>(w, xp, m, yp, group * kCols, rows.data());
-  });
-  std::vector<float> rows(2 * k);
-  for (int64_t col = groups * kCols; col < n; col += 2) columns<2>(w, xp, m, yp, col, rows.data());
+  if (m == 0) return y;
+  const PackedWeight w{blocks.data_ptr<uint8_t>(), n, k, q4};
+  dispatch(w, xc.data_ptr<float>(), m, y.data_ptr<float>());
   return y;
 #endif
 }

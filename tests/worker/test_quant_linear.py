@@ -1,7 +1,8 @@
 """quant_linear (kernels/cpu/quant_linear.cpp) on random GGUF Q4_1 and Q8_0 blocks: it
 expands them to exactly the values gguf's dequantizer gives, its products match a dense
-matmul over those values, and a row's result does not depend on the rows beside it; and
-Linear reads the blocks only for small batches and only when they are the loaded weight, and
+matmul over those values, and a row's result does not depend on the rows beside it (nor on
+which of its paths, registers or panel, the batch size picks); and Linear reads the blocks
+only up to Linear.max_block_rows rows and only when they are the loaded weight, and
 accumulates 16-bit products in fp32 whether or not the CPU has a 16-bit GEMM."""
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from services.worker.models.quantized import QuantizedMatrix
-from services.worker.models.layers import QUANTIZED_MAX_ROWS, Linear
+from services.worker.models.quantized import PackedBlocks, QuantizedMatrix
+from services.worker.models.layers import Linear
 from tests.worker.cpu_kernels import num_threads, require_cpu_ops
 
 
@@ -29,6 +30,11 @@ def random_blocks(n: int, k: int, kind: str, seed: int = 0) -> QuantizedMatrix:
     return QuantizedMatrix(fp16(n, num_blocks), torch.empty(0), torch.from_numpy(quants))
 
 
+def quant_linear(ops, x: torch.Tensor, q: QuantizedMatrix) -> torch.Tensor:  # noqa: ANN001
+    packed = PackedBlocks.of(q, ops.vec_size)
+    return ops.quant_linear(x, packed.blocks, packed.q4)
+
+
 def gguf_dequantize(q: QuantizedMatrix) -> np.ndarray:
     """gguf-py's formulas in numpy, independent of QuantizedMatrix.dequantize."""
     n, num_blocks = q.scales.shape
@@ -44,27 +50,32 @@ def gguf_dequantize(q: QuantizedMatrix) -> np.ndarray:
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
 def test_blocks_expand_to_the_dequantized_values_exactly(kind: str) -> None:
     ops = require_cpu_ops()
-    q = random_blocks(6, 96, kind)
+    q = random_blocks(48, 96, kind)
     want = gguf_dequantize(q)
     assert np.array_equal(q.dequantize().numpy(), want)
-    # One-hot rows pick single weights: y = I W^T = W^T, with no rounding in between.
-    got = ops.quant_linear(torch.eye(96), q.scales, q.mins, q.quants)
-    assert np.array_equal(got.numpy(), want.T)
+    # One-hot rows pick single weights: y = I W^T = W^T, with no rounding in between
+    # (96 rows: the panel path; 1 row: the register path).
+    assert np.array_equal(quant_linear(ops, torch.eye(96), q).numpy(), want.T)
+    assert np.array_equal(quant_linear(ops, torch.eye(96)[7:8], q).numpy(), want.T[7:8])
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
 def test_products_match_a_dense_matmul_and_are_batch_invariant(kind: str, threads: int) -> None:
     ops = require_cpu_ops()
-    q = random_blocks(70, 160, kind, seed=1)
+    # 80 columns: panels of several groups and single groups after them; 17 rows: tiles of
+    # every height; 320 of K: panel chunks carried through y.
+    q = random_blocks(80, 320, kind, seed=1)
     weight = torch.from_numpy(gguf_dequantize(q))
-    x = torch.randn(9, 160, generator=torch.Generator().manual_seed(2))
+    x = torch.randn(17, 320, generator=torch.Generator().manual_seed(2))
     with num_threads(threads):
-        y = ops.quant_linear(x, q.scales, q.mins, q.quants)
-        alone = [ops.quant_linear(x[i:i + 1], q.scales, q.mins, q.quants) for i in range(9)]
+        y = quant_linear(ops, x, q)
+        alone = [quant_linear(ops, x[i:i + 1], q) for i in range(17)]
+        leading = [quant_linear(ops, x[:m], q) for m in range(2, 17)]
     want = (x.double() @ weight.double().T).float()
     torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
     assert all(torch.equal(y[i:i + 1], row) for i, row in enumerate(alone))
+    assert all(torch.equal(y[:len(part)], part) for part in leading)
 
 
 def test_linear_reads_blocks_for_small_batches_only_and_only_if_they_are_its_weight() -> None:
@@ -72,13 +83,21 @@ def test_linear_reads_blocks_for_small_batches_only_and_only_if_they_are_its_wei
     q = random_blocks(64, 128, "Q4_1", seed=3)
     weight = q.dequantize()
     linear = Linear(weight.clone(), quantized=q, kernels=ops)
-    assert linear.quantized is q
-    small, large = torch.randn(QUANTIZED_MAX_ROWS, 128), torch.randn(QUANTIZED_MAX_ROWS + 1, 128)
-    assert torch.equal(linear(small), ops.quant_linear(small, q.scales, q.mins, q.quants))
+    assert linear.quantized is not None
+    rows = linear.max_block_rows
+    assert rows >= 8
+    small, large = torch.randn(rows, 128), torch.randn(rows + 1, 128)
+    assert torch.equal(linear(small), quant_linear(ops, small, q))
     torch.testing.assert_close(linear(large), large @ weight.T, rtol=1e-5, atol=1e-5)
     off_by_one_ulp = weight.clone()
     off_by_one_ulp.view(torch.int32)[5, 7] += 1
     assert Linear(off_by_one_ulp, quantized=q, kernels=ops).quantized is None
+    # Columns that do not fill the kernel's groups stay dense; so do Q4_1 scales whose
+    # product with a code would round (the kernel fuses d * q + m into one rounding).
+    odd = random_blocks(ops.vec_size + 2, 128, "Q4_1", seed=5)
+    assert Linear(odd.dequantize(), quantized=odd, kernels=ops).quantized is None
+    fine_scales = QuantizedMatrix(q.scales * (1 + 2 ** -20), q.mins, q.quants)
+    assert Linear(fine_scales.dequantize(), quantized=fine_scales, kernels=ops).quantized is None
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

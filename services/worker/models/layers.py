@@ -14,16 +14,18 @@ import structlog
 import torch
 import torch.nn.functional as F
 
-from services.worker.models.quantized import QuantizedMatrix
+from services.worker.models.quantized import PackedBlocks, QuantizedMatrix
 
 log = structlog.get_logger(__name__)
 
-# Rows up to which a linear with GGUF blocks reads them instead of the dense fp32 weight.
-# NOTE: measured on SmolLM2's MLPs (2 cores, AVX2): 2.7x faster than oneDNN at 1 row, 1.5x
-# at 8, even at 16, 0.76x at 32 (the expansion's extra work outweighs the bytes saved).
-# Whole decode steps (2 cores, AVX-512, kernel grouping 8 columns; benchmarks.md section 2):
-# 2.65x at 1 row, 1.10x at 8, 0.93x at 12.
-QUANTIZED_MAX_ROWS = 8
+# Rows up to which a linear with GGUF blocks reads them instead of the dense fp32 weight, by
+# the kernels' vector width (floats).
+# NOTE: AVX2 (8): every linear of a SmolLM2 step (2 cores, benchmarks/quant_linear.py)
+# against oneDNN on the dense weights: 2.1-2.7x faster at 1-6 rows, 2.1x at 8, 1.2-1.4x at
+# 32, 1.2x at 128, 1.08x at 256, even at 512 (both at the cores' FMA rate). AVX-512 (16):
+# where the kernel before this one stopped winning (benchmarks.md section 2); the present
+# one is not measured there yet.
+QUANTIZED_MAX_ROWS = {8: 256, 16: 8}
 # Rows of each matrix whose GGUF blocks are checked against the loaded weight.
 _SAMPLE_ROWS = 64
 
@@ -47,8 +49,14 @@ class Linear:
         self.bias = bias
         self.weight: torch.Tensor | None = weight
         self.forward: Callable[[torch.Tensor], torch.Tensor] = self._dense
-        # GGUF blocks of the same values, for batches of up to QUANTIZED_MAX_ROWS rows.
-        self.quantized = quantized if _same_values(quantized, weight, kernels) else None
+        # GGUF blocks of the same values (packed for the kernel), for batches of up to
+        # max_block_rows rows.
+        self.quantized: PackedBlocks | None = None
+        self.max_block_rows = 0
+        if quantized is not None and kernels is not None and _same_values(quantized, weight,
+                                                                          kernels):
+            self.quantized = PackedBlocks.of(quantized, kernels.vec_size)
+            self.max_block_rows = QUANTIZED_MAX_ROWS.get(kernels.vec_size, 8)
         self._kernels = kernels
         if weight.device.type != "cpu":
             return
@@ -76,13 +84,13 @@ class Linear:
         self.forward = self._transposed
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.quantized is not None and x.shape[0] <= QUANTIZED_MAX_ROWS:
+        if x.shape[0] <= self.max_block_rows:
             return self._from_blocks(x)
         return self.forward(x)
 
     @property
     def num_bytes_per_small_batch(self) -> int:
-        """Weight bytes a step of at most QUANTIZED_MAX_ROWS rows reads."""
+        """Weight bytes a step of at most max_block_rows rows reads."""
         if self.quantized is None:
             return self.num_bytes
         return self.quantized.num_bytes + (0 if self.bias is None else
@@ -91,7 +99,7 @@ class Linear:
     def _from_blocks(self, x: torch.Tensor) -> torch.Tensor:
         assert self.quantized is not None and self._kernels is not None
         q = self.quantized
-        y = self._kernels.quant_linear(x, q.scales, q.mins, q.quants)
+        y = self._kernels.quant_linear(x, q.blocks, q.q4)
         return y if self.bias is None else y.add_(self.bias)
 
     def _dense(self, x: torch.Tensor) -> torch.Tensor:
@@ -119,7 +127,8 @@ def _same_values(quantized: QuantizedMatrix | None, weight: torch.Tensor,
     every matrix took 2.7 s of a 6 s model load, at every worker (re)start."""
     if (quantized is None or kernels is None or weight.dtype != torch.float32
             or weight.device.type != "cpu" or quantized.shape != tuple(weight.shape)
-            or quantized.shape[0] % 2 or not kernels.quant_linear_supported()):
+            or not kernels.quant_linear_supported()
+            or not PackedBlocks.fits(quantized, kernels.vec_size)):
         return False
     num_rows = weight.shape[0]
     sample = torch.unique(torch.cat([torch.arange(0, num_rows, max(1, num_rows // _SAMPLE_ROWS)),

@@ -49,7 +49,7 @@ class Int4Quant(CheckpointQuant):
             from services.worker.models.checkpoint_quant.w4a16_linear import W4A16Linear
             return W4A16Linear(weight, bias)
         # NOTE: Linear keeps the blocks only where they expand to the dense weight bit for
-        # bit and the CPU kernel is there (small fp32 batches: QUANTIZED_MAX_ROWS).
+        # bit and the CPU kernel is there (fp32 batches up to max_block_rows).
         blocks = weight.to_q4_1() if weights.dtype == torch.float32 else None
         linear = Linear(weight.dequantize().to(weights.dtype), bias, blocks, kernels)
         log_once(f"{self.method} checkpoint: weights dequantized at load to {weights.dtype} "

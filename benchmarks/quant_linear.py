@@ -1,0 +1,81 @@
+"""Times the linears of one SmolLM2-135M step: `python -m benchmarks.quant_linear`.
+
+Every matrix of the model's 30 layers (fused q/k/v, o, fused gate/up, down: Q4_1 blocks) and
+its lm_head (Q8_0), random values in the real shapes, each with its own memory so a pass
+reads the weights as a real step does. For each row count, the median ms of --repeats passes
+through all of them, with the GGUF blocks expanded on the fly (`blocks`, kernels/cpu/
+quant_linear.cpp) and with oneDNN on the dense fp32 weights packed at load (`dense`, what
+Linear runs past its max_block_rows), and the GFLOP/s each reaches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from benchmarks.harness import markdown_table, print_preamble
+from services.worker.cpu_runtime import load_cpu_kernels
+from services.worker.models.layers import Linear
+from services.worker.models.quantized import PackedBlocks, QuantizedMatrix
+from tests.worker.test_quant_linear import random_blocks
+
+LAYER_SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))   # (N, K) per layer
+LM_HEAD = (49152, 576)
+NUM_LAYERS = 30
+
+
+def matrices() -> list[QuantizedMatrix]:
+    mats = [random_blocks(n, k, "Q4_1", seed=i * 4 + j)
+            for i in range(NUM_LAYERS) for j, (n, k) in enumerate(LAYER_SHAPES)]
+    return mats + [random_blocks(*LM_HEAD, "Q8_0", seed=10_000)]
+
+
+def time_pass(run: Callable[[int, torch.Tensor], torch.Tensor], shapes: list[tuple[int, int]],
+              rows: int, repeats: int) -> float:
+    inputs = {k: torch.randn(rows, k) for k in {k for _, k in shapes}}
+    samples = []
+    for _ in range(repeats + 1):   # the first pass warms up
+        started = time.perf_counter()
+        for i, (_, k) in enumerate(shapes):
+            run(i, inputs[k])
+        samples.append((time.perf_counter() - started) * 1e3)
+    return statistics.median(samples[1:])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default="1,4,8,16,32,64,128")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    print_preamble()
+    ops = load_cpu_kernels()
+    assert ops is not None and ops.quant_linear_supported(), "needs the C++ kernels"
+    mats = matrices()
+    shapes = [m.shape for m in mats]
+    dense = [Linear(m.dequantize()) for m in mats]
+    packed = [PackedBlocks.of(m, ops.vec_size) for m in mats]
+    flops_per_row = 2 * sum(n * k for n, k in shapes)
+
+    def blocks(i: int, x: torch.Tensor) -> torch.Tensor:
+        return ops.quant_linear(x, packed[i].blocks, packed[i].q4)
+
+    def onednn(i: int, x: torch.Tensor) -> torch.Tensor:
+        return dense[i].forward(x)
+
+    table = []
+    for rows in (int(r) for r in args.rows.split(",")):
+        blocks_ms = time_pass(blocks, shapes, rows, args.repeats)
+        dense_ms = time_pass(onednn, shapes, rows, args.repeats)
+        gflops = flops_per_row * rows / 1e6
+        table.append([rows, f"{blocks_ms:.1f}", f"{gflops / blocks_ms:.0f}", f"{dense_ms:.1f}",
+                      f"{gflops / dense_ms:.0f}", f"{dense_ms / blocks_ms:.2f}x"])
+    print(markdown_table(["rows", "blocks ms", "blocks GFLOP/s", "dense ms", "dense GFLOP/s",
+                          "dense / blocks"], table))
+
+
+if __name__ == "__main__":
+    main()
