@@ -37,10 +37,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Neox rope in place on x [T, H, D] with cos / sin [T, D] (sin's first half negated).");
   m.def("quant_linear_supported", &mesh_cpu::quant_linear_supported,
         "Whether quant_linear has a kernel for this CPU (AVX2 or AVX-512).");
-  m.def("quant_linear", &mesh_cpu::quant_linear, "x"_a, "blocks"_a, "q4"_a,
+  m.def("quant_linear", &mesh_cpu::quant_linear, "x"_a, "blocks"_a, "q4"_a, "bf16"_a = false,
         "x [M, K] fp32 @ W^T for W [N, K] in GGUF blocks of 32 along K, Q4_1 (q4) or Q8_0, "
         "packed by PackedBlocks.of (groups of vec_size columns), expanded to the dequantized "
-        "fp32 values on the fly. Returns y [M, N] fp32.");
+        "fp32 values on the fly (rounded to bf16 with bf16). Returns y [M, N] fp32.");
   m.def("quantize_per_token", &mesh_cpu::quantize_per_token, "x"_a, "zero_point"_a = 0,
         "x [M, K] to (codes [M, K], scales [M] fp32): per row s = max|x| / 127, "
         "q = round(x / s) in [-127, 127]; int8 codes, or q + 128 as uint8 with zero_point 128.");

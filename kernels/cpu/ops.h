@@ -37,7 +37,7 @@ void rotary_embedding(at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
 
 bool quant_linear_supported();
 
-at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& blocks, bool q4);
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& blocks, bool q4, bool bf16);
 
 std::tuple<at::Tensor, at::Tensor> quantize_per_token(const at::Tensor& x, int64_t zero_point);
 

@@ -58,6 +58,7 @@ struct PackedWeight {
   const uint8_t* blocks;   // [N / kVec, K / 32, block_bytes]
   int64_t n, k;
   bool q4;
+  bool bf16;               // round each weight to bf16: a bf16 model's values
 
   int64_t block_bytes() const {
     return q4 ? 2 * 4 * kVec + kBlock * kVec / 2 : 4 * kVec + kBlock * kVec;
@@ -108,6 +109,21 @@ inline fVec q8_codes(const uint8_t* p) {
 #endif
 }
 
+// fp32 -> the nearest bf16, ties to even -> fp32: torch's cast, for finite values.
+inline fVec round_bf16(const fVec& v) {
+#if defined(CPU_CAPABILITY_AVX512)
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i up = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+  return fVec(_mm512_castsi512_ps(_mm512_and_si512(up, _mm512_set1_epi32(0xFFFF0000))));
+#else
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i up = _mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF)));
+  return fVec(_mm256_castsi256_ps(_mm256_and_si256(up, _mm256_set1_epi32(0xFFFF0000))));
+#endif
+}
+
 // use(i, weights) for i in 0 .. 31: the group's kVec weights at the block's i-th k, as fp32.
 template <typename Use>
 inline void expand_block(const PackedWeight& w, const uint8_t* block, Use&& use) {
@@ -118,10 +134,16 @@ inline void expand_block(const PackedWeight& w, const uint8_t* block, Use&& use)
     for (int i = 0; i < kBlock; i += kQ4Steps) {
       fVec codes[kQ4Steps];
       q4_codes(q + i * (kVec / 2), codes);
-      for (int j = 0; j < kQ4Steps; ++j) use(i + j, at::vec::fmadd(d, codes[j], m));
+      for (int j = 0; j < kQ4Steps; ++j) {
+        const fVec weights = at::vec::fmadd(d, codes[j], m);
+        use(i + j, w.bf16 ? round_bf16(weights) : weights);
+      }
     }
   } else {
-    for (int i = 0; i < kBlock; ++i) use(i, d * q8_codes(q + i * kVec));
+    for (int i = 0; i < kBlock; ++i) {
+      const fVec weights = d * q8_codes(q + i * kVec);
+      use(i, w.bf16 ? round_bf16(weights) : weights);
+    }
   }
 }
 
@@ -158,13 +180,25 @@ inline void tile(const float* x_rows, int64_t k, int64_t k0, int64_t kc, const f
     for (int v = 0; v < NV; ++v) acc[r][v].store(y_rows + r * n + col + v * kVec);
 }
 
-// Rows [r, m): MR at a time, then the rest with smaller tiles.
+// One tile of `rows` rows (1 .. MR) at x_rows.
+template <int MR, int NV>
+inline void tile_of(int64_t rows, const float* x_rows, int64_t k, int64_t k0, int64_t kc,
+                    const float* panel, float* y_rows, int64_t n, int64_t col) {
+  if (rows == MR) return tile<MR, NV>(x_rows, k, k0, kc, panel, y_rows, n, col);
+  if constexpr (MR > 1) tile_of<MR - 1, NV>(rows, x_rows, k, k0, kc, panel, y_rows, n, col);
+}
+
+// Rows [0, m) in as few tiles of at most MR rows as can be, of near-equal heights.
+// NOTE: 32 rows as 6, 6, 5, 5, 5, 5 rather than 6 x 5 + 2: a 2-row tile keeps 4 FMA chains,
+// too few to cover the FMA latency, and costs about what a 6-row one does.
 template <int MR, int NV>
 inline void tiles(const float* xp, int64_t k, int64_t k0, int64_t kc, const float* panel,
-                  float* yp, int64_t n, int64_t col, int64_t r, int64_t m) {
-  for (; r + MR <= m; r += MR) tile<MR, NV>(xp + r * k, k, k0, kc, panel, yp + r * n, n, col);
-  if constexpr (MR > 1) {
-    if (r < m) tiles<MR - 1, NV>(xp, k, k0, kc, panel, yp, n, col, r, m);
+                  float* yp, int64_t n, int64_t col, int64_t m) {
+  const int64_t count = (m + MR - 1) / MR, base = m / count, taller = m % count;
+  for (int64_t t = 0, r = 0; t < count; ++t) {
+    const int64_t rows = base + (t < taller ? 1 : 0);
+    tile_of<MR, NV>(rows, xp + r * k, k, k0, kc, panel, yp + r * n, n, col);
+    r += rows;
   }
 }
 
@@ -181,7 +215,7 @@ void panels(const PackedWeight& w, const float* xp, int64_t m, float* yp, int64_
         const int64_t chunk = std::min(kc, w.k - k0);
         expand_panel(w, g0, NV, k0, chunk, panel.data());
         tiles<std::min(kTileRows, kAccumulators / NV), NV>(xp, w.k, k0, chunk, panel.data(),
-                                                           yp, w.n, col, 0, m);
+                                                           yp, w.n, col, m);
       }
     }
   });
@@ -248,7 +282,7 @@ bool quant_linear_supported() {
 #endif
 }
 
-at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& blocks, bool q4) {
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& blocks, bool q4, bool bf16) {
 #if !defined(MESH_HAS_QUANT_LINEAR)
   TORCH_CHECK(false, "quant_linear needs AVX2 or AVX-512");
 #else
@@ -257,7 +291,7 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& blocks, bool q4) 
               "blocks must be packed: contiguous uint8 [N / ", kVec, ", K / 32, bytes] "
               "(PackedBlocks.of)");
   const int64_t n = blocks.size(0) * kVec, k = blocks.size(1) * kBlock;
-  const PackedWeight probe{nullptr, n, k, q4};
+  const PackedWeight probe{nullptr, n, k, q4, bf16};
   TORCH_CHECK(blocks.size(2) == probe.block_bytes(), "a packed block has ", blocks.size(2),
               " bytes; ", q4 ? "Q4_1" : "Q8_0", " with ", kVec, " columns a group has ",
               probe.block_bytes());
@@ -266,7 +300,7 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& blocks, bool q4) 
   const int64_t m = xc.size(0);
   at::Tensor y = at::empty({m, n}, x.options());
   if (m == 0) return y;
-  const PackedWeight w{blocks.data_ptr<uint8_t>(), n, k, q4};
+  const PackedWeight w{blocks.data_ptr<uint8_t>(), n, k, q4, bf16};
   dispatch(w, xc.data_ptr<float>(), m, y.data_ptr<float>());
   return y;
 #endif

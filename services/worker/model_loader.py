@@ -77,10 +77,10 @@ def load_model(config: RunnerConfig, model_config: ModelConfig, weights: WeightS
 
 
 def _gguf_blocks(config: RunnerConfig, device: torch.device) -> BlockSource | None:
-    """The GGUF blocks saved with a converted model, where small fp32 batches on the CPU can
-    read them."""
+    """The GGUF blocks saved with a converted model, where fp32 or bf16 batches on the CPU
+    can read them (Linear decides per matrix)."""
     if (not config.use_gguf_blocks or device.type != "cpu"
-            or config.torch_dtype != torch.float32):
+            or config.torch_dtype not in (torch.float32, torch.bfloat16)):
         return None
     return BlockSource.of_model_dir(config.model_dir)
 

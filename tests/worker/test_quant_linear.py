@@ -30,9 +30,10 @@ def random_blocks(n: int, k: int, kind: str, seed: int = 0) -> QuantizedMatrix:
     return QuantizedMatrix(fp16(n, num_blocks), torch.empty(0), torch.from_numpy(quants))
 
 
-def quant_linear(ops, x: torch.Tensor, q: QuantizedMatrix) -> torch.Tensor:  # noqa: ANN001
-    packed = PackedBlocks.of(q, ops.vec_size)
-    return ops.quant_linear(x, packed.blocks, packed.q4)
+def quant_linear(ops, x: torch.Tensor, q: QuantizedMatrix,  # noqa: ANN001
+                 bf16: bool = False) -> torch.Tensor:
+    packed = PackedBlocks.of(q, ops.vec_size, bf16)
+    return ops.quant_linear(x, packed.blocks, packed.q4, packed.bf16)
 
 
 def gguf_dequantize(q: QuantizedMatrix) -> np.ndarray:
@@ -57,6 +58,10 @@ def test_blocks_expand_to_the_dequantized_values_exactly(kind: str) -> None:
     # (96 rows: the panel path; 1 row: the register path).
     assert np.array_equal(quant_linear(ops, torch.eye(96), q).numpy(), want.T)
     assert np.array_equal(quant_linear(ops, torch.eye(96)[7:8], q).numpy(), want.T[7:8])
+    # A bf16 model's weights: the same values rounded to bf16 as torch rounds them.
+    want_bf16 = torch.from_numpy(want).to(torch.bfloat16).float().T
+    assert torch.equal(quant_linear(ops, torch.eye(96), q, bf16=True), want_bf16)
+    assert torch.equal(quant_linear(ops, torch.eye(96)[7:8], q, bf16=True), want_bf16[7:8])
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -98,6 +103,21 @@ def test_linear_reads_blocks_for_small_batches_only_and_only_if_they_are_its_wei
     assert Linear(odd.dequantize(), quantized=odd, kernels=ops).quantized is None
     fine_scales = QuantizedMatrix(q.scales * (1 + 2 ** -20), q.mins, q.quants)
     assert Linear(fine_scales.dequantize(), quantized=fine_scales, kernels=ops).quantized is None
+
+
+def test_a_bf16_linear_reads_rounded_blocks_where_the_cpu_has_no_bf16_gemm() -> None:
+    ops = require_cpu_ops()
+    q = random_blocks(64, 128, "Q4_1", seed=6)
+    weight = q.dequantize().to(torch.bfloat16)
+    linear = Linear(weight.clone(), quantized=q, kernels=ops)
+    x = torch.randn(9, 128, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
+    want = (x.double() @ weight.double().T).to(torch.bfloat16)
+    torch.testing.assert_close(linear(x).float(), want.float(), rtol=1e-2, atol=1e-2)
+    if linear.forward != linear._prepacked_in_fp32:   # a native bf16 GEMM: no blocks
+        assert linear.quantized is None
+        return
+    assert linear.quantized is not None and linear.quantized.bf16
+    assert torch.equal(linear(x), quant_linear(ops, x.float(), q, bf16=True).to(torch.bfloat16))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -50,16 +50,15 @@ class Linear:
         self.weight: torch.Tensor | None = weight
         self.forward: Callable[[torch.Tensor], torch.Tensor] = self._dense
         # GGUF blocks of the same values (packed for the kernel), for batches of up to
-        # max_block_rows rows.
+        # max_block_rows rows: fp32 weights, and bf16 ones where no bf16 GEMM is faster.
         self.quantized: PackedBlocks | None = None
         self.max_block_rows = 0
-        if quantized is not None and kernels is not None and _same_values(quantized, weight,
-                                                                          kernels):
-            self.quantized = PackedBlocks.of(quantized, kernels.vec_size)
-            self.max_block_rows = QUANTIZED_MAX_ROWS.get(kernels.vec_size, 8)
         self._kernels = kernels
+        self._bias_fp32 = None if bias is None else bias.float()
         if weight.device.type != "cpu":
             return
+        if weight.dtype == torch.float32:
+            self._read_blocks(quantized, weight, kernels)
         self._packed = _try_prepack(weight, bias)
         if self._packed is not None:
             self.weight = None  # the packed copy replaces it: don't hold both
@@ -70,11 +69,11 @@ class Linear:
             # refuse 16-bit packing and MKL crawl (bf16 SmolLM2: 411 ms a batch-1 step,
             # 5 prefill tokens/s). 16-bit values are exact in fp32, so multiplying there
             # keeps the products and accumulates in fp32, as a 16-bit GEMM does.
-            self._bias_fp32 = None if bias is None else bias.float()
             self._packed = _try_prepack(weight.float(), self._bias_fp32)
             if self._packed is not None:
                 _log_once(f"no {weight.dtype} GEMM on this CPU: 16-bit weights are multiplied "
                           f"in fp32 (the same products, fp32 accumulation; twice the bytes)")
+                self._read_blocks(quantized, weight, kernels)
                 self.weight = None
                 self.forward = self._prepacked_in_fp32
                 self.num_bytes *= 2   # what a step reads now
@@ -96,11 +95,23 @@ class Linear:
         return self.quantized.num_bytes + (0 if self.bias is None else
                                            self.bias.numel() * self.bias.element_size())
 
+    def _read_blocks(self, quantized: QuantizedMatrix | None, weight: torch.Tensor,
+                     kernels: ModuleType | None) -> None:
+        if quantized is not None and kernels is not None and _same_values(quantized, weight,
+                                                                          kernels):
+            self.quantized = PackedBlocks.of(quantized, kernels.vec_size,
+                                             bf16=weight.dtype == torch.bfloat16)
+            self.max_block_rows = QUANTIZED_MAX_ROWS.get(kernels.vec_size, 8)
+
     def _from_blocks(self, x: torch.Tensor) -> torch.Tensor:
+        """The products in fp32 (of bf16-rounded weights for a bf16 model), rounded once to
+        x's dtype at the end, as _prepacked_in_fp32 computes them."""
         assert self.quantized is not None and self._kernels is not None
         q = self.quantized
-        y = self._kernels.quant_linear(x, q.blocks, q.q4)
-        return y if self.bias is None else y.add_(self.bias)
+        y = self._kernels.quant_linear(x.float(), q.blocks, q.q4, q.bf16)
+        if self._bias_fp32 is not None:
+            y.add_(self._bias_fp32)
+        return y.to(x.dtype)
 
     def _dense(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
@@ -120,12 +131,13 @@ class Linear:
 
 def _same_values(quantized: QuantizedMatrix | None, weight: torch.Tensor,
                  kernels: ModuleType | None) -> bool:
-    """Whether the blocks expand to `weight` bit for bit (and a kernel can read them),
-    checked on a strided sample of rows.
+    """Whether the blocks expand to `weight` bit for bit, rounded to its dtype (fp32 or
+    bf16), and a kernel can read them; checked on a strided sample of rows.
     NOTE: a sample, not every row: both come from one GGUF through two dequantizers, so a
     difference would be systematic (a format read another way), and expanding every row of
     every matrix took 2.7 s of a 6 s model load, at every worker (re)start."""
-    if (quantized is None or kernels is None or weight.dtype != torch.float32
+    if (quantized is None or kernels is None
+            or weight.dtype not in (torch.float32, torch.bfloat16)
             or weight.device.type != "cpu" or quantized.shape != tuple(weight.shape)
             or not kernels.quant_linear_supported()
             or not PackedBlocks.fits(quantized, kernels.vec_size)):
@@ -133,8 +145,9 @@ def _same_values(quantized: QuantizedMatrix | None, weight: torch.Tensor,
     num_rows = weight.shape[0]
     sample = torch.unique(torch.cat([torch.arange(0, num_rows, max(1, num_rows // _SAMPLE_ROWS)),
                                      torch.tensor([num_rows - 1])]))
-    expanded = quantized.rows(sample).dequantize()
-    if torch.equal(expanded.view(torch.int32), weight[sample].view(torch.int32)):
+    expanded = quantized.rows(sample).dequantize().to(weight.dtype)
+    bits = torch.int32 if weight.dtype == torch.float32 else torch.int16
+    if torch.equal(expanded.view(bits), weight[sample].view(bits)):
         return True
     log.warning("GGUF blocks differ from the loaded weight; that linear stays dense",
                 shape=list(weight.shape))

@@ -67,9 +67,11 @@ class PackedBlocks:
     the G scales (fp32), Q4_1's G mins, then the codes of its 32 k with the group's columns
     side by side at each k (Q4_1: G/2 bytes, column 2j in the low nibble of byte j, 2j + 1 in
     the high one; Q8_0: G int8). So a group's weights at one k expand from one load, and a
-    group is one stream in memory. `blocks` is uint8 [N/G, K/32, bytes a block]."""
+    group is one stream in memory. `blocks` is uint8 [N/G, K/32, bytes a block]; `bf16`: the
+    kernel rounds each expanded weight to bf16 (a bf16 model's weights)."""
     blocks: torch.Tensor
     q4: bool
+    bf16: bool = False
 
     @property
     def num_bytes(self) -> int:
@@ -86,7 +88,7 @@ class PackedBlocks:
         return not matrix.mins.numel() or not bool((mantissa & 0xF).any())
 
     @staticmethod
-    def of(matrix: QuantizedMatrix, group: int) -> PackedBlocks:
+    def of(matrix: QuantizedMatrix, group: int, bf16: bool = False) -> PackedBlocks:
         if not PackedBlocks.fits(matrix, group):
             raise ValueError("these blocks do not fit the kernel (see PackedBlocks.fits)")
         n, num_blocks = matrix.scales.shape
@@ -105,7 +107,7 @@ class PackedBlocks:
             codes = by_group(matrix.quants)
             parts = [matrix.scales]
         floats = [by_group(p).contiguous().view(torch.uint8) for p in parts]
-        return PackedBlocks(torch.cat([*floats, codes], dim=2).contiguous(), q4)
+        return PackedBlocks(torch.cat([*floats, codes], dim=2).contiguous(), q4, bf16)
 
 
 class BlockSource:
