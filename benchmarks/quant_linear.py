@@ -46,11 +46,11 @@ def time_pass(run: Callable[[int, torch.Tensor], torch.Tensor], shapes: list[tup
     return statistics.median(samples[1:])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", default="1,4,8,16,32,64,128")
+    parser.add_argument("--rows", default="1,2,4,8,16,32,64,128,256,512")
     parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     print_preamble()
     ops = load_cpu_kernels()
     assert ops is not None and ops.quant_linear_supported(), "needs the C++ kernels"

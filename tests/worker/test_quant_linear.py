@@ -91,6 +91,9 @@ def test_linear_reads_blocks_for_small_batches_only_and_only_if_they_are_its_wei
     assert linear.quantized is not None
     rows = linear.max_block_rows
     assert rows >= 8
+    # An empty batch (a step with nothing for this linear) is empty, with blocks or without.
+    assert linear(torch.empty(0, 128)).shape == (0, 64)
+    assert Linear(weight.clone())(torch.empty(0, 128)).shape == (0, 64)
     small, large = torch.randn(rows, 128), torch.randn(rows + 1, 128)
     assert torch.equal(linear(small), quant_linear(ops, small, q))
     torch.testing.assert_close(linear(large), large @ weight.T, rtol=1e-5, atol=1e-5)

@@ -83,7 +83,7 @@ class Linear:
         self.forward = self._transposed
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] <= self.max_block_rows:
+        if self.quantized is not None and x.shape[0] <= self.max_block_rows:
             return self._from_blocks(x)
         return self.forward(x)
 
