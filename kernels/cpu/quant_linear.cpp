@@ -15,7 +15,7 @@
 //   chains carry over between chunks through y itself.
 // NOTE: the dot-product kernel before this (4 expanded weight rows dotted with 2 rows of x,
 // summed horizontally) re-read all of x from L2 for every 4 columns, 5.8 GB a step at 32 rows
-// on SmolLM2: 61-79 GFLOP/s against oneDNN's 94 on 2 AVX2 cores; this one reaches 111-125
+// on SmolLM2: 61-79 GFLOP/s against oneDNN's 94 on 2 AVX2 cores; this one reaches 127
 // (benchmarks/quant_linear.py).
 #include "cpu_common.h"
 #include "ops.h"

@@ -68,8 +68,9 @@ def test_blocks_expand_to_the_dequantized_values_exactly(kind: str) -> None:
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
 def test_products_match_a_dense_matmul_and_are_batch_invariant(kind: str, threads: int) -> None:
     ops = require_cpu_ops()
-    # 80 columns: panels of several groups and single groups after them; 17 rows: tiles of
-    # every height; 320 of K: panel chunks carried through y.
+    # 80 columns: panels of two groups (and, with AVX-512's 16-wide groups, a single group
+    # after them); 17 rows: both paths, tiles of several heights; 320 of K: panel chunks
+    # carried through y.
     q = random_blocks(80, 320, kind, seed=1)
     weight = torch.from_numpy(gguf_dequantize(q))
     x = torch.randn(17, 320, generator=torch.Generator().manual_seed(2))

@@ -21,8 +21,8 @@ log = structlog.get_logger(__name__)
 # Rows up to which a linear with GGUF blocks reads them instead of the dense fp32 weight, by
 # the kernels' vector width (floats).
 # NOTE: AVX2 (8): every linear of a SmolLM2 step (2 cores, benchmarks/quant_linear.py)
-# against oneDNN on the dense weights: 2.1-2.7x faster at 1-6 rows, 2.1x at 8, 1.2-1.4x at
-# 32, 1.2x at 128, 1.08x at 256, even at 512 (both at the cores' FMA rate). AVX-512 (16):
+# against oneDNN on the dense weights: 2.2-2.5x faster at 1-4 rows, 1.7x at 8, 1.34x at 32,
+# 1.21x at 128, 1.20x at 256, 1.08x at 512 (benchmarks.md 10g). AVX-512 (16):
 # where the kernel before this one stopped winning (benchmarks.md section 2); the present
 # one is not measured there yet.
 QUANTIZED_MAX_ROWS = {8: 256, 16: 8}
