@@ -4,8 +4,10 @@ Every matrix of the model's 30 layers (fused q/k/v, o, fused gate/up, down: Q4_1
 its lm_head (Q8_0), random values in the real shapes, each with its own memory so a pass
 reads the weights as a real step does. For each row count, the median ms of --repeats passes
 through all of them, with the GGUF blocks expanded on the fly (`blocks`, kernels/cpu/
-quant_linear.cpp) and with oneDNN on the dense fp32 weights packed at load (`dense`, what
-Linear runs past its max_block_rows), and the GFLOP/s each reaches.
+quant_linear.cpp) and with oneDNN on the dense weights packed at load (`dense`, what
+Linear runs past its max_block_rows), and the GFLOP/s each reaches. `--dtype bfloat16`
+times a bf16 model's linears: bf16 activations, the blocks rounded to bf16 as expanded, and
+oneDNN's bf16 GEMM (AMX or AVX-512-bf16 where the CPU has them).
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ def matrices() -> list[QuantizedMatrix]:
 
 
 def time_pass(run: Callable[[int, torch.Tensor], torch.Tensor], shapes: list[tuple[int, int]],
-              rows: int, repeats: int) -> float:
-    inputs = {k: torch.randn(rows, k) for k in {k for _, k in shapes}}
+              rows: int, repeats: int, dtype: torch.dtype) -> float:
+    inputs = {k: torch.randn(rows, k, dtype=dtype) for k in {k for _, k in shapes}}
     samples = []
     for _ in range(repeats + 1):   # the first pass warms up
         started = time.perf_counter()
@@ -50,26 +52,29 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="1,2,4,8,16,32,64,128,256,512")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     args = parser.parse_args(argv)
+    dtype = getattr(torch, args.dtype)
+    bf16 = dtype == torch.bfloat16
     print_preamble()
     ops = load_cpu_kernels()
     assert ops is not None and ops.quant_linear_supported(), "needs the C++ kernels"
     mats = matrices()
     shapes = [m.shape for m in mats]
-    dense = [Linear(m.dequantize()) for m in mats]
-    packed = [PackedBlocks.of(m, ops.vec_size) for m in mats]
+    dense = [Linear(m.dequantize().to(dtype)) for m in mats]
+    packed = [PackedBlocks.of(m, ops.vec_size, bf16=bf16) for m in mats]
     flops_per_row = 2 * sum(n * k for n, k in shapes)
 
     def blocks(i: int, x: torch.Tensor) -> torch.Tensor:
-        return ops.quant_linear(x, packed[i].blocks, packed[i].q4)
+        return ops.quant_linear(x.float(), packed[i].blocks, packed[i].q4, bf16).to(dtype)
 
     def onednn(i: int, x: torch.Tensor) -> torch.Tensor:
         return dense[i].forward(x)
 
     table = []
     for rows in (int(r) for r in args.rows.split(",")):
-        blocks_ms = time_pass(blocks, shapes, rows, args.repeats)
-        dense_ms = time_pass(onednn, shapes, rows, args.repeats)
+        blocks_ms = time_pass(blocks, shapes, rows, args.repeats, dtype)
+        dense_ms = time_pass(onednn, shapes, rows, args.repeats, dtype)
         gflops = flops_per_row * rows / 1e6
         table.append([rows, f"{blocks_ms:.1f}", f"{gflops / blocks_ms:.0f}", f"{dense_ms:.1f}",
                       f"{gflops / dense_ms:.0f}", f"{dense_ms / blocks_ms:.2f}x"])

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from services.worker.models.quantized import PackedBlocks, QuantizedMatrix
-from services.worker.models.layers import Linear
+from services.worker.models.layers import (QUANTIZED_MAX_ROWS,
+                                            QUANTIZED_MAX_ROWS_BF16_GEMM, Linear)
 from tests.worker.cpu_kernels import num_threads, require_cpu_ops
 
 
@@ -109,19 +110,25 @@ def test_linear_reads_blocks_for_small_batches_only_and_only_if_they_are_its_wei
     assert Linear(fine_scales.dequantize(), quantized=fine_scales, kernels=ops).quantized is None
 
 
-def test_a_bf16_linear_reads_rounded_blocks_where_the_cpu_has_no_bf16_gemm() -> None:
+def test_a_bf16_linear_reads_rounded_blocks_for_small_batches() -> None:
+    # Up to 4 rows beside a native bf16 GEMM (AMX, AVX-512-bf16), up to 256 where the CPU has
+    # none and the dense path multiplies in fp32.
     ops = require_cpu_ops()
     q = random_blocks(64, 128, "Q4_1", seed=6)
     weight = q.dequantize().to(torch.bfloat16)
     linear = Linear(weight.clone(), quantized=q, kernels=ops)
-    x = torch.randn(9, 128, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
-    want = (x.double() @ weight.double().T).to(torch.bfloat16)
-    torch.testing.assert_close(linear(x).float(), want.float(), rtol=1e-2, atol=1e-2)
-    if linear.forward != linear._prepacked_in_fp32:   # a native bf16 GEMM: no blocks
-        assert linear.quantized is None
-        return
     assert linear.quantized is not None and linear.quantized.bf16
-    assert torch.equal(linear(x), quant_linear(ops, x.float(), q, bf16=True).to(torch.bfloat16))
+    native = linear.forward == linear._prepacked
+    assert linear.max_block_rows == (QUANTIZED_MAX_ROWS_BF16_GEMM if native else
+                                     QUANTIZED_MAX_ROWS)
+    generator = torch.Generator().manual_seed(7)
+    for rows in (linear.max_block_rows, linear.max_block_rows + 1):
+        x = torch.randn(rows, 128, generator=generator).to(torch.bfloat16)
+        want = (x.double() @ weight.double().T).to(torch.bfloat16)
+        torch.testing.assert_close(linear(x).float(), want.float(), rtol=1e-2, atol=1e-2)
+        expected = (quant_linear(ops, x.float(), q, bf16=True).to(torch.bfloat16)
+                    if rows <= linear.max_block_rows else linear.forward(x))
+        assert torch.equal(linear(x), expected)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -18,14 +18,16 @@ from services.worker.models.quantized import PackedBlocks, QuantizedMatrix
 
 log = structlog.get_logger(__name__)
 
-# Rows up to which a linear with GGUF blocks reads them instead of the dense fp32 weight, by
-# the kernels' vector width (floats).
-# NOTE: AVX2 (8): every linear of a SmolLM2 step (2 cores, benchmarks/quant_linear.py)
-# against oneDNN on the dense weights: 2.2-2.5x faster at 1-4 rows, 1.7x at 8, 1.34x at 32,
-# 1.21x at 128, 1.20x at 256, 1.08x at 512 (benchmarks.md 10g). AVX-512 (16):
-# where the kernel before this one stopped winning (benchmarks.md section 2); the present
-# one is not measured there yet.
-QUANTIZED_MAX_ROWS = {8: 256, 16: 8}
+# Rows up to which a linear with GGUF blocks reads them instead of its dense weight.
+# NOTE: every linear of a SmolLM2 step (2 cores, benchmarks/quant_linear.py, benchmarks.md
+# 10g and 10h) against oneDNN on the dense fp32 weights: on AVX2 2.2-2.5x faster at 1-4
+# rows, 1.34x at 32, 1.20x at 256, 1.08x at 512; on AVX-512 2.8-3.0x at 1-4, 1.67x at 32,
+# 1.06x at 256, 0.87x at 512.
+QUANTIZED_MAX_ROWS = 256
+# The same where the CPU has a bf16 GEMM (AMX, AVX-512-bf16) and the model is bf16.
+# NOTE: against oneDNN's AMX GEMM on a Xeon: 1.31x at 1 row, 1.18x at 2, 1.04x at 4, 0.88x
+# at 8 (benchmarks.md 10h).
+QUANTIZED_MAX_ROWS_BF16_GEMM = 4
 # Rows of each matrix whose GGUF blocks are checked against the loaded weight.
 _SAMPLE_ROWS = 64
 
@@ -50,7 +52,7 @@ class Linear:
         self.weight: torch.Tensor | None = weight
         self.forward: Callable[[torch.Tensor], torch.Tensor] = self._dense
         # GGUF blocks of the same values (packed for the kernel), for batches of up to
-        # max_block_rows rows: fp32 weights, and bf16 ones where no bf16 GEMM is faster.
+        # max_block_rows rows.
         self.quantized: PackedBlocks | None = None
         self.max_block_rows = 0
         self._kernels = kernels
@@ -58,9 +60,11 @@ class Linear:
         if weight.device.type != "cpu":
             return
         if weight.dtype == torch.float32:
-            self._read_blocks(quantized, weight, kernels)
+            self._read_blocks(quantized, weight, kernels, QUANTIZED_MAX_ROWS)
         self._packed = _try_prepack(weight, bias)
         if self._packed is not None:
+            if weight.dtype == torch.bfloat16:
+                self._read_blocks(quantized, weight, kernels, QUANTIZED_MAX_ROWS_BF16_GEMM)
             self.weight = None  # the packed copy replaces it: don't hold both
             self.forward = self._prepacked
             return
@@ -73,7 +77,7 @@ class Linear:
             if self._packed is not None:
                 _log_once(f"no {weight.dtype} GEMM on this CPU: 16-bit weights are multiplied "
                           f"in fp32 (the same products, fp32 accumulation; twice the bytes)")
-                self._read_blocks(quantized, weight, kernels)
+                self._read_blocks(quantized, weight, kernels, QUANTIZED_MAX_ROWS)
                 self.weight = None
                 self.forward = self._prepacked_in_fp32
                 self.num_bytes *= 2   # what a step reads now
@@ -96,12 +100,12 @@ class Linear:
                                            self.bias.numel() * self.bias.element_size())
 
     def _read_blocks(self, quantized: QuantizedMatrix | None, weight: torch.Tensor,
-                     kernels: ModuleType | None) -> None:
+                     kernels: ModuleType | None, max_rows: int) -> None:
         if quantized is not None and kernels is not None and _same_values(quantized, weight,
                                                                           kernels):
             self.quantized = PackedBlocks.of(quantized, kernels.vec_size,
                                              bf16=weight.dtype == torch.bfloat16)
-            self.max_block_rows = QUANTIZED_MAX_ROWS.get(kernels.vec_size, 8)
+            self.max_block_rows = max_rows
 
     def _from_blocks(self, x: torch.Tensor) -> torch.Tensor:
         """The products in fp32 (of bf16-rounded weights for a bf16 model), rounded once to
