@@ -37,8 +37,8 @@ log = structlog.get_logger(__name__)
 ENV_CPU_KERNELS = "LLM_MESH_CPU_KERNELS"  # "0": never build or use the C++ kernels
 NAME = "llm_mesh_cpu_ops"
 SOURCE_DIR = Path(__file__).resolve().parent / "cpu"
-SOURCES = ("bindings.cpp", "attention_plan.cpp", "attention.cpp", "kv_cache.cpp",
-           "layer_ops.cpp", "quant_linear.cpp", "quant_int8.cpp")
+SOURCES = ("bindings.cpp", "attention_plan.cpp", "attention.cpp", "attention_decode.cpp",
+           "kv_cache.cpp", "layer_ops.cpp", "quant_linear.cpp", "quant_int8.cpp")
 # NOTE: -ffp-contract=off keeps a * b + c as two roundings, as torch's elementwise ops round
 # (GCC would fuse them into FMAs by default); the kernels ask for FMAs where they want them.
 CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp")

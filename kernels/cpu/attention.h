@@ -1,4 +1,5 @@
-// What attention_plan.cpp and attention.cpp share: the layout of a work item.
+// What attention_plan.cpp and the attention kernels (attention.cpp, attention_decode.cpp) share:
+// the layout of a work item.
 #pragma once
 
 #include "cpu_common.h"
