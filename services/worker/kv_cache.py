@@ -16,6 +16,7 @@ import structlog
 import torch
 
 from services.worker.attention.backend import KVCache
+from services.worker.kv_prefault import prefault_in_background
 
 log = structlog.get_logger(__name__)
 
@@ -82,7 +83,8 @@ def num_blocks_for_budget(spec: KVCacheSpec, budget_bytes: int, max_model_len: i
 
 def _lazily_zeroed(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """A zero tensor in its own anonymous mapping, whose pages the kernel zeroes on first
-    touch, on transparent huge pages where the kernel offers them.
+    touch, on transparent huge pages where the kernel offers them (kv_prefault.py faults them
+    in ahead of use).
     NOTE: torch.zeros writes every page up front: 7 s for the default 5 GiB cache on a busy
     2-core machine, at every worker (re)start. Not from the heap either (numpy, calloc): a
     long-lived process's allocator may serve it from already-touched 4 KiB pages, and decode
@@ -105,8 +107,11 @@ def allocate_kv_caches(spec: KVCacheSpec, num_blocks: int,
     One allocation for all layers, so the cache is one region the allocator never splits.
     """
     shape = (spec.num_layers, 2, num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
-    storage = (_lazily_zeroed(shape, spec.dtype) if device.type == "cpu"
-               else torch.zeros(shape, dtype=spec.dtype, device=device))
+    if device.type == "cpu":
+        storage = _lazily_zeroed(shape, spec.dtype)
+        prefault_in_background(storage, num_regions=spec.num_layers * 2)
+    else:
+        storage = torch.zeros(shape, dtype=spec.dtype, device=device)
     scales = torch.ones(spec.num_layers, 2, dtype=torch.float32, device=device)
     return [KVCache(key=storage[i, 0], value=storage[i, 1],
                     k_scale_tensor=scales[i, 0:1], v_scale_tensor=scales[i, 1:2])
