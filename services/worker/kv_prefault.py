@@ -18,6 +18,7 @@ import ctypes
 import os
 import threading
 import time
+from collections.abc import Callable
 
 import structlog
 import torch
@@ -29,7 +30,7 @@ _CHUNK_BYTES = 2 << 20     # per region per call: one huge page
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-def _madvise() -> ctypes._CFuncPtr | None:
+def _madvise() -> Callable[..., int] | None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
     except OSError:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-import time
+import threading
 
 import pytest
 import torch
@@ -49,8 +49,10 @@ def test_a_cpu_kv_cache_is_faulted_in_in_the_background() -> None:
                        dtype=torch.bfloat16)
     caches = allocate_kv_caches(spec, num_blocks=400, device=torch.device("cpu"))
     regions = [t for cache in caches for t in (cache.key, cache.value)]
-    deadline = time.monotonic() + 30
-    while any(resident_pages(t)[0] < resident_pages(t)[1] for t in regions):
-        assert time.monotonic() < deadline, "the KV cache was not faulted in within 30 s"
-        time.sleep(0.01)
+    for thread in [t for t in threading.enumerate() if t.name == "kv-prefault"]:
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "the KV cache was not faulted in within 30 s"
+    for region in regions:
+        resident, total = resident_pages(region)
+        assert resident == total
     assert all(torch.count_nonzero(t) == 0 for t in regions)
