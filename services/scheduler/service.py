@@ -391,6 +391,7 @@ class SchedulerService(Service):
         scheduler_output = sent.output
         outputs = self.scheduler.update_from_output(
             scheduler_output, decode_step_output(step_output))
+        self.scheduler.observe_step(scheduler_output, step_output.execute_s)
         self._last_progress = time.monotonic()
         self._num_steps += 1
         if self.kv is not None:

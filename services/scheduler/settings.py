@@ -17,6 +17,10 @@ class SchedulerSettings(CommonSettings, EngineSettings, KVIndexSettings):
                                             choices=("sha256", "xxh3_128"))
     long_prefill_token_threshold: int = setting(
         0, "Most tokens one request may take in a step (0: no cap beyond the budget)")
+    max_itl_factor: float = setting(
+        2.0, "A step that carries decodes takes at most this many times a decode-only step: "
+        "prefill chunks beside running streams are sized from the worker's measured step "
+        "times, so a prompt arriving does not stall them (0: off, chunks fill the budget)")
     # NOTE: priority with every request at its default priority (0) is fcfs; it is the
     # default so batch jobs (submitted at a low priority) yield to interactive traffic.
     scheduling_policy: str = setting("priority", "Which waiting request runs first: by the "
@@ -73,6 +77,7 @@ class SchedulerSettings(CommonSettings, EngineSettings, KVIndexSettings):
             block_size=worker.block_size,
             enable_prefix_caching=self.enable_prefix_caching,
             long_prefill_token_threshold=self.long_prefill_token_threshold,
+            max_itl_factor=self.max_itl_factor,
             policy=self.scheduling_policy,
             max_num_queued_reqs=self.max_num_queued_reqs or None,
             max_num_queued_tokens=self.max_num_queued_tokens or None,

@@ -88,6 +88,55 @@ def test_long_prefill_threshold_caps_each_request_per_step() -> None:
     assert shares == [{"a": 16, "b": 16}, {"a": 16, "b": 16}, {"a": 8, "b": 8}]
 
 
+def test_a_prompt_beside_decodes_is_chunked_to_keep_their_step_within_the_itl_factor() -> None:
+    scheduler, worker = make_scheduler(max_num_batched_tokens=64, max_itl_factor=2.0)
+    # Steps have cost 10 ms + 2 ms a decode token + 1.5 ms a prompt token: beside 4 decodes
+    # (18 ms alone) a step may add 12 prompt tokens.
+    for num_decode, num_prefill in [(4, 0), (4, 30), (1, 0), (8, 60), (0, 64)] * 4:
+        scheduler.step_time.observe(num_decode, num_prefill,
+                                    0.010 + 0.002 * num_decode + 0.0015 * num_prefill)
+    for i in range(4):
+        scheduler.add_request(make_request(f"s{i}", prompt(5, seed=i), max_tokens=30))
+    run = Run()
+    first = step(scheduler, worker, run)
+    assert first.total_num_scheduled_tokens == 20        # no decodes yet: no cap
+    assert first.num_prefill_tokens == 20
+    scheduler.add_request(make_request("long", prompt(60, seed=9), max_tokens=3))
+    shares = [step(scheduler, worker, run) for _ in range(5)]
+    assert [out.num_scheduled_tokens_by_id.get("long") for out in shares] == [12] * 5
+    assert [out.num_prefill_tokens for out in shares] == [12] * 5
+    assert all(out.total_num_scheduled_tokens == 16 for out in shares)
+    run_until_done(scheduler, worker, run)
+    assert_matches_reference(run, {"long": (prompt(60, seed=9), 3),
+                                   **{f"s{i}": (prompt(5, seed=i), 30) for i in range(4)}})
+
+
+def test_the_itl_cap_never_holds_a_prompt_under_one_block() -> None:
+    scheduler, worker = make_scheduler(max_num_batched_tokens=64, max_itl_factor=1.01,
+                                       block_size=8)
+    for num_decode, num_prefill in [(4, 0), (4, 30), (1, 0), (8, 60)] * 5:
+        scheduler.step_time.observe(num_decode, num_prefill,
+                                    0.010 + 0.002 * num_decode + 0.0015 * num_prefill)
+    scheduler.add_request(make_request("s", prompt(5), max_tokens=30))
+    run = Run()
+    step(scheduler, worker, run)
+    scheduler.add_request(make_request("long", prompt(40, seed=9), max_tokens=3))
+    assert step(scheduler, worker, run).num_scheduled_tokens_by_id == {"s": 1, "long": 8}
+
+
+def test_the_scheduler_learns_its_step_time_from_the_worker() -> None:
+    scheduler, worker = make_scheduler(max_num_batched_tokens=32, max_itl_factor=2.0)
+    for i in range(3):
+        scheduler.add_request(make_request(f"r{i}", prompt(40, seed=i), max_tokens=20))
+    run = Run()
+    for _ in range(30):
+        out = step(scheduler, worker, run)
+        num_decode = out.total_num_scheduled_tokens - out.num_prefill_tokens
+        scheduler.observe_step(out, 0.010 + 0.002 * num_decode + 0.0015 * out.num_prefill_tokens)
+    assert scheduler.step_time.coefficients() == pytest.approx((0.010, 0.002, 0.0015),
+                                                               rel=1e-3)
+
+
 def test_max_num_seqs_bounds_the_batch() -> None:
     scheduler, worker = make_scheduler(max_num_seqs=2)
     for i in range(5):

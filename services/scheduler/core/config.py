@@ -18,6 +18,9 @@ class SchedulerConfig:
     enable_prefix_caching: bool = True
     long_prefill_token_threshold: int = 0
     """Most tokens one request may take in a step (0 = off)."""
+    max_itl_factor: float = 2.0
+    """A step carrying decodes takes at most this many times a decode-only step: its prefill
+    chunks are sized by the fitted step time (step_time.py). 0: off, prefill fills the budget."""
     policy: str = "fcfs"
     """"fcfs" or "priority" (lower `priority` value runs first and is preempted last)."""
     max_num_queued_reqs: int | None = None
@@ -47,6 +50,8 @@ class SchedulerConfig:
                 raise ValueError(f"{name} must be >= 1")
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0")
+        if self.max_itl_factor and self.max_itl_factor <= 1:
+            raise ValueError("max_itl_factor must be 0 (off) or above 1")
         if self.async_scheduling and self.num_speculative_tokens:
             raise ValueError("async scheduling does not combine with speculative decoding: "
                              "a step's drafts are known only once the step before it ends")

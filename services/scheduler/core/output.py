@@ -89,6 +89,8 @@ class SchedulerOutput:
     objects, never to whoever holds a handle by then (async scheduling reuses handles)."""
     sampling_handles: set[int] = field(default_factory=set)
     """Requests whose scheduled tokens reach their end: each samples a token this step."""
+    num_prefill_tokens: int = 0
+    """Of `total_num_scheduled_tokens`, those of prompt chunks (the rest decode)."""
 
     @property
     def scheduled_handles(self) -> list[int]:

@@ -34,26 +34,14 @@ from services.scheduler.core.spec_decode import (
     apply_verification,
     num_drafts_to_schedule,
 )
+from services.scheduler.core.step_plan import StepPlan
+from services.scheduler.core.step_time import StepTimeModel
 from services.scheduler.core.step_tokens import advance, forget_worker_row, may_run_ahead
 from services.scheduler.core.stop_checker import append_output_tokens
 
 _INT32_MAX = 2**31 - 1
 RUNNING = RequestStatus.RUNNING
 LOADING = RequestStatus.WAITING_FOR_REMOTE_KVS
-
-
-class _StepPlan:
-    """What one schedule() call decided so far. Dicts keep scheduling order and let a
-    preemption undo a request's share of this step in O(1)."""
-
-    __slots__ = ("token_budget", "new_reqs", "running_reqs", "new_block_ids", "num_preempted")
-
-    def __init__(self, token_budget: int) -> None:
-        self.token_budget = token_budget
-        self.new_reqs: dict[Request, int] = {}       # request -> tokens this step
-        self.running_reqs: dict[Request, int] = {}
-        self.new_block_ids: dict[Request, list[int]] = {}
-        self.num_preempted = 0
 
 
 class Scheduler:
@@ -69,6 +57,8 @@ class Scheduler:
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.long_prefill_token_threshold = config.long_prefill_token_threshold
+        self.step_time = StepTimeModel()
+        """Fitted from the worker's step times (observe_step): sizes prefill beside decodes."""
         self.block_hasher = (BlockHasher(config.block_size, config.hash_algo, config.hash_seed)
                              if config.enable_prefix_caching else None)
 
@@ -145,7 +135,7 @@ class Scheduler:
         #
         # Counts move on as the step is built (step_tokens.py): async scheduling builds the
         # next step before this one's tokens are back.
-        plan = _StepPlan(self.max_num_batched_tokens)
+        plan = StepPlan(self.max_num_batched_tokens)
         self._schedule_running(plan)
         if not plan.num_preempted:
             self._schedule_waiting(plan)
@@ -153,7 +143,7 @@ class Scheduler:
         advance(output)
         return output
 
-    def _schedule_running(self, plan: _StepPlan) -> None:
+    def _schedule_running(self, plan: StepPlan) -> None:
         # Decodes first, so one long prefill never delays the running streams' next tokens.
         prefills: list[Request] = []
         for request in tuple(self.running):   # a copy: preemption edits self.running
@@ -172,21 +162,38 @@ class Scheduler:
             self._schedule_running_request(plan, request, 1 + num_drafts_to_schedule(
                 request, plan.token_budget, self.max_model_len,
                 self.config.num_speculative_tokens))
+        self._cap_prefill_beside_decodes(plan)
         threshold = self.long_prefill_token_threshold
         for request in prefills:
-            if plan.token_budget == 0:
+            if plan.prefill_budget <= 0:
                 return
             if request.status is not RUNNING:
                 continue
             num_new_tokens = request.num_tokens - request.num_computed_tokens
             if 0 < threshold < num_new_tokens:
                 num_new_tokens = threshold
-            num_new_tokens = min(num_new_tokens, plan.token_budget)
-            if num_new_tokens > 0:
-                self._schedule_running_request(plan, request, num_new_tokens)
+            num_new_tokens = min(num_new_tokens, plan.prefill_budget)
+            if num_new_tokens > 0 and self._schedule_running_request(plan, request,
+                                                                     num_new_tokens):
+                plan.take_prefill(request, num_new_tokens)
 
-    def _schedule_running_request(self, plan: _StepPlan, request: Request,
-                                  num_new_tokens: int) -> None:
+    def _cap_prefill_beside_decodes(self, plan: StepPlan) -> None:
+        """Holds the step's prefill to what keeps its decodes' next tokens within
+        max_itl_factor times a decode-only step (never under one block, so prompts move)."""
+        num_decode_tokens = sum(plan.running_reqs.values())
+        cap = self.step_time.prefill_token_cap(num_decode_tokens, self.config.max_itl_factor)
+        if cap is not None:
+            plan.prefill_cap = max(cap, self.block_size)
+
+    def observe_step(self, output: SchedulerOutput, execute_s: float) -> None:
+        """The worker's time for a step this scheduler built."""
+        num_prefill_tokens = output.num_prefill_tokens
+        self.step_time.observe(output.total_num_scheduled_tokens - num_prefill_tokens,
+                               num_prefill_tokens, execute_s)
+
+    def _schedule_running_request(self, plan: StepPlan, request: Request,
+                                  num_new_tokens: int) -> bool:
+        """False when the request itself was preempted for want of blocks."""
         while True:
             new_blocks = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
             if new_blocks is not None:
@@ -194,19 +201,20 @@ class Scheduler:
             victim = max(self.running, key=self._sort_key)
             self._preempt(victim, plan)
             if victim is request:
-                return
+                return False
         plan.running_reqs[request] = num_new_tokens
         plan.token_budget -= num_new_tokens
         if new_blocks.blocks:
             plan.new_block_ids[request] = new_blocks.get_block_ids()
+        return True
 
-    def _schedule_waiting(self, plan: _StepPlan) -> None:
+    def _schedule_waiting(self, plan: StepPlan) -> None:
         if not self.waiting:
             return
         loras = self.loras
         active_loras = loras.active(self.requests.values()) if loras is not None else set()
         skipped: list[Request] = []   # their adapter would exceed max_loras: they keep place
-        while (self.waiting and plan.token_budget > 0
+        while (self.waiting and plan.prefill_budget > 0
                and len(self.running) < self.max_num_seqs):
             request = self.waiting.peek_request()
             if loras is not None and not loras.admits(active_loras, request.lora_id):
@@ -219,7 +227,7 @@ class Scheduler:
         for request in reversed(skipped):
             self.waiting.prepend_request(request)
 
-    def _schedule_waiting_request(self, plan: _StepPlan, request: Request) -> bool:
+    def _schedule_waiting_request(self, plan: StepPlan, request: Request) -> bool:
         kv_cache_manager = self.kv_cache_manager
         threshold = self.long_prefill_token_threshold
         while True:
@@ -229,7 +237,7 @@ class Scheduler:
             if 0 < threshold < num_new_tokens:
                 num_new_tokens = threshold
             # Blocks the kvstore holds are allocated now and loaded before the request runs.
-            num_new_tokens = num_external_tokens or min(num_new_tokens, plan.token_budget)
+            num_new_tokens = num_external_tokens or min(num_new_tokens, plan.prefill_budget)
             # (A request with loaded KV counts its computed tokens already.)
             num_new_computed_tokens = num_computed_tokens - request.num_computed_tokens
             if kv_cache_manager.allocate_slots(request, num_new_tokens, computed_blocks,
@@ -255,6 +263,7 @@ class Scheduler:
         request.num_computed_tokens = num_computed_tokens
         plan.new_reqs[request] = num_new_tokens
         plan.token_budget -= num_new_tokens
+        plan.take_prefill(request, num_new_tokens)
         return True
 
     def _get_computed_tokens(self, request: Request) -> tuple[KVCacheBlocks | None, int, int]:
@@ -316,7 +325,7 @@ class Scheduler:
                     request.status = RequestStatus.WAITING
                     self.waiting.prepend_request(request)
 
-    def _preempt_for_waiting(self, plan: _StepPlan, request: Request) -> bool:
+    def _preempt_for_waiting(self, plan: StepPlan, request: Request) -> bool:
         """Priority policy: a waiting request preempts the least deserving running one if
         that one deserves strictly less; True if it did."""
         if not self._waiting_may_preempt or not self.running:
@@ -327,14 +336,11 @@ class Scheduler:
         self._preempt(victim, plan)
         return True
 
-    def _preempt(self, victim: Request, plan: _StepPlan) -> None:
+    def _preempt(self, victim: Request, plan: StepPlan) -> None:
         """Preemption by recompute: free the victim's blocks and queue it at the front; it is
         sent to the worker again, with every token so far, when it resumes."""
         worker_has_row = victim not in plan.new_reqs   # sent in an earlier step
-        for scheduled in (plan.running_reqs, plan.new_reqs):
-            if victim in scheduled:
-                plan.token_budget += scheduled.pop(victim)
-        plan.new_block_ids.pop(victim, None)
+        plan.unschedule(victim)
         self.running.remove(victim)
         self.kv_cache_manager.free(victim)
         victim.status = RequestStatus.PREEMPTED
@@ -347,7 +353,7 @@ class Scheduler:
         self.waiting.prepend_request(victim)
         self._num_waiting_tokens += victim.num_tokens
 
-    def _build_output(self, plan: _StepPlan) -> SchedulerOutput:
+    def _build_output(self, plan: StepPlan) -> SchedulerOutput:
         get_block_ids = self.kv_cache_manager.get_block_ids
         num_scheduled_tokens: list[int] = []
         request_ids: list[str] = []
@@ -379,7 +385,8 @@ class Scheduler:
         output = SchedulerOutput(step, new_requests, cached, num_scheduled_tokens,
                                  self.max_num_batched_tokens - plan.token_budget,
                                  finished_handles, request_ids,
-                                 scheduled_requests=scheduled_requests)
+                                 scheduled_requests=scheduled_requests,
+                                 num_prefill_tokens=plan.num_prefill_tokens)
         if self.kv_connector is not None:
             output.kv_connector_metadata = self.kv_connector.build_meta(
                 [*plan.new_reqs.items(), *plan.running_reqs.items()], get_block_ids,
