@@ -64,6 +64,16 @@ def test_no_cap_before_prefill_was_seen() -> None:
     assert model.prefill_token_cap(8, 2.0) == pytest.approx((A + 8 * B) / C, abs=2)
 
 
+def test_after_single_streams_a_decode_token_is_priced_as_a_prompt_token() -> None:
+    """Decode steps of one row and prompts prefilled alone cannot tell the fixed cost from
+    the per-decode one: the fit prices a decode token as a prompt token (C) rather than as
+    nothing, so a step of 8 decodes is expected to take A + 8C, not A + B."""
+    model = observed(StepTimeModel(), [(1, 0)] * 40 + [(0, 128)] * 4)
+    a, b, c = model.coefficients()
+    assert c == pytest.approx(C, rel=0.01)
+    assert a + 8 * b == pytest.approx(A + B - C + 8 * C, rel=0.01)
+
+
 def test_a_constant_batch_still_predicts_its_decode_only_step() -> None:
     """Every step with 8 decodes: the fixed and per-decode costs cannot be told apart, but
     their sum at 8 decodes can, and that sets the cap."""

@@ -3,7 +3,10 @@ running decodes can be sized to keep the streams' inter-token latency (ITL) in b
 
 A step's time is fitted as `a + b * decode_tokens + c * prefill_tokens` by least squares over
 the recent steps (each step's weight decays by half every `half_life` steps, so the fit
-follows a machine that speeds up or slows down). A step carrying decodes and a prefill chunk
+follows a machine that speeds up or slows down). Until the steps say otherwise a decode
+token is taken to cost what a prompt token does: after a run of single streams (decode
+steps of one row, prompts prefilled alone) the fixed and per-decode costs cannot be told
+apart, and that guess of what 8 rows take is closer than none. A step carrying decodes and a prefill chunk
 delays every decoding stream's next token by the chunk's share of the step; with
 `max_itl_factor` F the chunk is held to what keeps the step within F times the decode-only
 step (Sarathi-Serve's idea: a time budget per step instead of a token budget alone).
@@ -11,7 +14,7 @@ step (Sarathi-Serve's idea: a time budget per step instead of a token budget alo
 
 from __future__ import annotations
 
-_RIDGE = 1e-6   # keeps the fit defined while one column never varies (all steps 8 decodes)
+_RIDGE = 1e-6   # keeps the fit defined while a column never varies (every step 8 decodes)
 
 
 class StepTimeModel:
@@ -19,7 +22,9 @@ class StepTimeModel:
         self._decay = 0.5 ** (1.0 / half_life)
         self._min_steps = min_steps
         self._num_steps = 0
-        # Decayed sums of x x^T and x t over the steps, x = (1, decode tokens, prefill tokens).
+        # Decayed sums of x x^T and x t over the steps, x = (1, decode tokens, all tokens):
+        # the fit's second term is what a decode token costs beyond a prompt token, and the
+        # ridge shrinks it toward 0 where the steps leave it open.
         self._xx = [[0.0] * 3 for _ in range(3)]
         self._xt = [0.0] * 3
         self._coefficients: tuple[float, float, float] | None = None
@@ -28,7 +33,7 @@ class StepTimeModel:
         """One step the worker ran: its decode tokens, prefill tokens, and execution time."""
         if seconds <= 0 or num_decode_tokens + num_prefill_tokens == 0:
             return
-        x = (1.0, float(num_decode_tokens), float(num_prefill_tokens))
+        x = (1.0, float(num_decode_tokens), float(num_decode_tokens + num_prefill_tokens))
         decay = self._decay
         for i in range(3):
             row = self._xx[i]
@@ -47,7 +52,10 @@ class StepTimeModel:
             xx = [row[:] for row in self._xx]
             for i in range(1, 3):
                 xx[i][i] += _RIDGE * xx[0][0]
-            self._coefficients = _solve3(xx, self._xt)
+            solved = _solve3(xx, self._xt)
+            if solved is not None:
+                fixed, decode_surcharge, per_token = solved
+                self._coefficients = (fixed, decode_surcharge + per_token, per_token)
         return self._coefficients
 
     def prefill_token_cap(self, num_decode_tokens: int, max_itl_factor: float) -> int | None:
