@@ -15,6 +15,7 @@ changing what they hold, so it is safe beside steps writing the same pages.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import threading
 import time
@@ -44,7 +45,8 @@ def _madvise() -> Callable[..., int] | None:
 def prefault(storage: torch.Tensor, num_regions: int) -> bool:
     """Populates the pages of `storage` (contiguous, num_regions regions of equal size whose
     first dim is the block id), block range by block range across the regions; the values
-    are untouched. False where the kernel cannot (not Linux, or older than 5.14)."""
+    are untouched. False where the kernel cannot (not Linux, or older than 5.14: EINVAL);
+    OSError where it refused for another reason (ENOMEM: memory ran out)."""
     madvise = _madvise()
     if madvise is None or not storage.is_contiguous():
         return False
@@ -59,7 +61,10 @@ def prefault(storage: torch.Tensor, num_regions: int) -> bool:
             aligned = first - first % _PAGE
             if madvise(aligned, base + region * region_bytes + end - aligned,
                        MADV_POPULATE_WRITE) != 0:
-                return False
+                error = ctypes.get_errno()
+                if error == errno.EINVAL:
+                    return False
+                raise OSError(error, os.strerror(error))
     return True
 
 
@@ -73,7 +78,13 @@ def prefault_in_background(storage: torch.Tensor, num_regions: int) -> threading
             pass
         started = time.monotonic()
         gib = storage.numel() * storage.element_size() / 2**30
-        if prefault(storage, num_regions):
+        try:
+            done = prefault(storage, num_regions)
+        except OSError as error:
+            log.warning("KV cache pages fault in as first written: populating them ahead "
+                        "failed", error=str(error))
+            return
+        if done:
             log.info("KV cache pages faulted in", gib=round(gib, 2),
                      seconds=round(time.monotonic() - started, 1))
         else:
