@@ -169,9 +169,9 @@ def test_bf16_departs_from_hf_bf16_only_at_near_ties(prompts, hf_fp32) -> None:
     summation order (batching, kernels, the CPU's bf16 GEMM): how many prompts match HF's
     bf16 for every token depends on the machine. What holds everywhere is that where our
     bf16 greedy output first departs from HF's, the two tokens were a near-tie: both among
-    the fp32 model's top 5, and their fp32 logits closer than the error bf16 itself adds at
-    that position (HF's bf16 logits against its fp32 ones, over the top 5; at least one bf16
-    step of the largest logit)."""
+    the fp32 model's top 5, and their fp32 logits closer than twice the error bf16 itself
+    adds at that position (HF's bf16 logits against its fp32 ones, over the top 5; at least
+    one bf16 step of the largest logit)."""
     hf_bf16 = [hf_greedy_ids(p, MAX_NEW_TOKENS, dtype=torch.bfloat16) for p in prompts]
     ours = _generate(_runner("bfloat16"), prompts)
     matches, prefixes = _agreement(ours, hf_bf16)
@@ -194,7 +194,10 @@ def test_bf16_departs_from_hf_bf16_only_at_near_ties(prompts, hf_fp32) -> None:
         gap = (exact[ours_token] - exact[hf_token]).abs().item()
         bf16_noise = max((rounded - exact)[list(top5)].abs().max().item(),
                          exact.max().abs().item() * 2**-7)
-        assert gap <= bf16_noise, (prompt, agreed, gap, bf16_noise)
+        # Whichever side picked the lower token moved two logits, each by up to that error,
+        # in opposite directions: a flip closes a gap of up to twice it (an AVX2 Zen 3 saw
+        # 0.18 against an error of 0.14).
+        assert gap <= 2 * bf16_noise, (prompt, agreed, gap, bf16_noise)
 
 
 def test_fp8_kv_cache_mostly_matches_fp32(prompts, hf_fp32) -> None:
