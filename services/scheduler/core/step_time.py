@@ -6,10 +6,12 @@ the recent steps (each step's weight decays by half every `half_life` steps, so 
 follows a machine that speeds up or slows down). Until the steps say otherwise a decode
 token is taken to cost what a prompt token does: after a run of single streams (decode
 steps of one row, prompts prefilled alone) the fixed and per-decode costs cannot be told
-apart, and that guess of what 8 rows take is closer than none. A step carrying decodes and a prefill chunk
-delays every decoding stream's next token by the chunk's share of the step; with
-`max_itl_factor` F the chunk is held to what keeps the step within F times the decode-only
-step (Sarathi-Serve's idea: a time budget per step instead of a token budget alone).
+apart, and that guess of what 8 rows take is closer than none.
+
+A step carrying decodes and a prefill chunk delays every decoding stream's next token by the
+chunk's share of the step; with `max_itl_factor` F the chunk is held to what keeps the step
+within F times the decode-only step (Sarathi-Serve's idea: a time budget per step instead of
+a token budget alone).
 """
 
 from __future__ import annotations
