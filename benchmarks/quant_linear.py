@@ -4,10 +4,11 @@ Every matrix of the model's 30 layers (fused q/k/v, o, fused gate/up, down: Q4_1
 its lm_head (Q8_0), random values in the real shapes, each with its own memory so a pass
 reads the weights as a real step does. For each row count, the median ms of --repeats passes
 through all of them, with the GGUF blocks expanded on the fly (`blocks`, kernels/cpu/
-quant_linear.cpp) and with oneDNN on the dense weights packed at load (`dense`, what
-Linear runs past its max_block_rows), and the GFLOP/s each reaches. `--dtype bfloat16`
-times a bf16 model's linears: bf16 activations, the blocks rounded to bf16 as expanded, and
-oneDNN's bf16 GEMM (AMX or AVX-512-bf16 where the CPU has them).
+quant_linear.cpp) and with oneDNN on the dense weights packed at load (what Linear runs past
+its max_block_rows), and the GFLOP/s each reaches. `--dtype bfloat16` times a bf16 model's
+linears: bf16 activations, the blocks rounded to bf16 as expanded, oneDNN's bf16 GEMM (AMX or
+AVX-512-bf16 where the CPU has them) and, on CPUs with AMX, the AMX tile kernel
+(kernels/cpu/amx_linear.cpp) that a bf16 Linear runs there.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import torch
 
 from benchmarks.harness import markdown_table, print_preamble
 from services.worker.cpu_runtime import load_cpu_kernels
-from services.worker.models.layers import Linear
 from services.worker.models.quantized import PackedBlocks, QuantizedMatrix
 from tests.worker.test_quant_linear import random_blocks
 
@@ -61,25 +61,35 @@ def main(argv: list[str] | None = None) -> None:
     assert ops is not None and ops.quant_linear_supported(), "needs the C++ kernels"
     mats = matrices()
     shapes = [m.shape for m in mats]
-    dense = [Linear(m.dequantize().to(dtype)) for m in mats]
+    weights = [m.dequantize().to(dtype) for m in mats]
+    onednn_packed = [torch.ops.mkldnn._reorder_linear_weight(w, 8) for w in weights]
     packed = [PackedBlocks.of(m, ops.vec_size, bf16=bf16) for m in mats]
+    amx = bf16 and ops.amx_linear_supported()
+    amx_packed = [ops.amx_pack_bf16(w) for w in weights] if amx else []
+    del weights
     flops_per_row = 2 * sum(n * k for n, k in shapes)
 
     def blocks(i: int, x: torch.Tensor) -> torch.Tensor:
         return ops.quant_linear(x.float(), packed[i].blocks, packed[i].q4, bf16).to(dtype)
 
     def onednn(i: int, x: torch.Tensor) -> torch.Tensor:
-        return dense[i].forward(x)
+        return torch.ops.mkldnn._linear_pointwise(x, onednn_packed[i], None, "none", [], "")
+
+    def amx_tiles(i: int, x: torch.Tensor) -> torch.Tensor:
+        return ops.amx_linear(x, amx_packed[i], shapes[i][0])
 
     table = []
     for rows in (int(r) for r in args.rows.split(",")):
-        blocks_ms = time_pass(blocks, shapes, rows, args.repeats, dtype)
-        dense_ms = time_pass(onednn, shapes, rows, args.repeats, dtype)
         gflops = flops_per_row * rows / 1e6
-        table.append([rows, f"{blocks_ms:.1f}", f"{gflops / blocks_ms:.0f}", f"{dense_ms:.1f}",
-                      f"{gflops / dense_ms:.0f}", f"{dense_ms / blocks_ms:.2f}x"])
-    print(markdown_table(["rows", "blocks ms", "blocks GFLOP/s", "dense ms", "dense GFLOP/s",
-                          "dense / blocks"], table))
+        row: list[object] = [rows]
+        runs = [blocks, onednn] + ([amx_tiles] if amx else [])
+        for run in runs:
+            ms = time_pass(run, shapes, rows, args.repeats, dtype)
+            row += [f"{ms:.1f}", f"{gflops / ms:.0f}"]
+        table.append(row)
+    header = ["rows", "blocks ms", "blocks GFLOP/s", "oneDNN ms", "oneDNN GFLOP/s"]
+    print(markdown_table(header + (["AMX tiles ms", "AMX tiles GFLOP/s"] if amx else []),
+                         table))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ returns None; LLM_MESH_CPU_KERNELS=0 turns them off on purpose (the torch path t
 everywhere).
 
 The ops (see kernels/cpu/bindings.cpp): attention_plan, paged_attention, reshape_and_cache,
-rms_norm, add_rms_norm, silu_and_mul, rotary_embedding, quant_linear, quantize_per_token,
+rms_norm, add_rms_norm, silu_and_mul, rotary_embedding, quant_linear, amx_linear (with
+amx_pack_bf16 and amx_linear_supported), quantize_per_token,
 dequantize_int32; `vec_size` is the kernels' vector width in floats.
 """
 
@@ -38,7 +39,8 @@ ENV_CPU_KERNELS = "LLM_MESH_CPU_KERNELS"  # "0": never build or use the C++ kern
 NAME = "llm_mesh_cpu_ops"
 SOURCE_DIR = Path(__file__).resolve().parent / "cpu"
 SOURCES = ("bindings.cpp", "attention_plan.cpp", "attention.cpp", "attention_decode.cpp",
-           "kv_cache.cpp", "layer_ops.cpp", "quant_linear.cpp", "quant_int8.cpp")
+           "kv_cache.cpp", "layer_ops.cpp", "quant_linear.cpp", "quant_int8.cpp",
+           "amx_linear.cpp")
 # NOTE: -ffp-contract=off keeps a * b + c as two roundings, as torch's elementwise ops round
 # (GCC would fuse them into FMAs by default); the kernels ask for FMAs where they want them.
 CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp")

@@ -7,7 +7,7 @@ using namespace pybind11::literals;
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "LLM Mesh CPU kernels: paged attention, KV cache write, fused layer ops, "
-           "quantized linear, int8 quantize / dequantize";
+           "quantized linear, AMX bf16 linear, int8 quantize / dequantize";
   m.attr("vec_size") = mesh_cpu::vec_size();
   m.def("supports_head_dim", &mesh_cpu::supports_head_dim, "head_dim"_a,
         "Whether paged_attention has a kernel for this head size.");
@@ -41,6 +41,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "x [M, K] fp32 @ W^T for W [N, K] in GGUF blocks of 32 along K, Q4_1 (q4) or Q8_0, "
         "packed by PackedBlocks.of (groups of vec_size columns), expanded to the dequantized "
         "fp32 values on the fly (rounded to bf16 with bf16). Returns y [M, N] fp32.");
+  m.def("amx_linear_supported", &mesh_cpu::amx_linear_supported,
+        "Whether amx_linear runs here (built for AMX-BF16, and Linux granted the tiles).");
+  m.def("amx_pack_bf16", &mesh_cpu::amx_pack_bf16, "weight"_a,
+        "W [N, K] bf16 as amx_linear reads it: [ceil(N / 16), ceil(K / 32), 16, 32] bf16 "
+        "tiles of 16 columns x 32 k, k pairs side by side, zeros past N and K.");
+  m.def("amx_linear", &mesh_cpu::amx_linear, "x"_a, "packed"_a, "n"_a, "bias"_a = pybind11::none(),
+        "x [M, K] bf16 @ W^T (+ bias) on AMX tiles, W packed by amx_pack_bf16, N its rows: "
+        "fp32 sums of bf16 products, rounded once to bf16. Returns y [M, N] bf16.");
   m.def("quantize_per_token", &mesh_cpu::quantize_per_token, "x"_a, "zero_point"_a = 0,
         "x [M, K] to (codes [M, K], scales [M] fp32): per row s = max|x| / 127, "
         "q = round(x / s) in [-127, 127]; int8 codes, or q + 128 as uint8 with zero_point 128.");

@@ -111,12 +111,16 @@ def test_linear_reads_blocks_for_small_batches_only_and_only_if_they_are_its_wei
 
 
 def test_a_bf16_linear_reads_rounded_blocks_for_small_batches() -> None:
-    # Up to 4 rows beside a native bf16 GEMM (AMX, AVX-512-bf16), up to 256 where the CPU has
-    # none and the dense path multiplies in fp32.
+    # Up to 4 rows beside oneDNN's bf16 GEMM (AVX-512-bf16), up to 256 where the CPU has
+    # none and the dense path multiplies in fp32; none beside the AMX kernel
+    # (test_amx_linear.py), which reads the dense weights as fast.
     ops = require_cpu_ops()
     q = random_blocks(64, 128, "Q4_1", seed=6)
     weight = q.dequantize().to(torch.bfloat16)
     linear = Linear(weight.clone(), quantized=q, kernels=ops)
+    if ops.amx_linear_supported():
+        assert linear.quantized is None and linear.forward == linear._amx
+        return
     assert linear.quantized is not None and linear.quantized.bf16
     native = linear.forward == linear._prepacked
     assert linear.max_block_rows == (QUANTIZED_MAX_ROWS_BF16_GEMM if native else

@@ -42,6 +42,11 @@ class Linear:
     itself beats F.linear; bf16 and fp16 gain 1.5-2x too (F.linear would re-layout the weight
     on every call). MKL's x @ Wt is the fallback where this torch build cannot prepack.
     On CUDA, F.linear (cuBLAS picks its own kernels).
+
+    NOTE: a bf16 model on a CPU with AMX-BF16 runs kernels/cpu/amx_linear.cpp instead, at
+    every batch size: against oneDNN's AMX GEMM on SmolLM2's linears (2 cores) 1.4x faster at
+    1-32 rows, 1.2x at 64, even at 128, 0.84x at 256 (benchmarks.md 10j); the default step
+    budget is 128 tokens.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -61,6 +66,14 @@ class Linear:
             return
         if weight.dtype == torch.float32:
             self._read_blocks(quantized, weight, kernels, QUANTIZED_MAX_ROWS)
+        if (weight.dtype == torch.bfloat16 and kernels is not None
+                and kernels.amx_linear_supported()):
+            # NOTE: no GGUF blocks beside it: it reads the dense weights as fast at 1-2 rows
+            # and faster from 4 (benchmarks.md 10j).
+            self.amx_packed = kernels.amx_pack_bf16(weight)
+            self.weight = None
+            self.forward = self._amx
+            return
         self._packed = _try_prepack(weight, bias)
         if self._packed is not None:
             if weight.dtype == torch.bfloat16:
@@ -124,6 +137,10 @@ class Linear:
         if self.bias is None:
             return torch.mm(x, self.weight_t)
         return torch.addmm(self.bias, x, self.weight_t)
+
+    def _amx(self, x: torch.Tensor) -> torch.Tensor:
+        assert self._kernels is not None
+        return self._kernels.amx_linear(x, self.amx_packed, self.out_features, self._bias_fp32)
 
     def _prepacked(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
