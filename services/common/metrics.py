@@ -78,6 +78,10 @@ class EngineMetrics:
             "llm_mesh:step_messaging_seconds",
             "Per step: worker round trip minus the worker's own time (NATS and serialization)",
             ENGINE_LABELS, buckets=STEP_BUCKETS, registry=registry)
+        self.prefill_token_cap = gauge(
+            "llm_mesh:prefill_token_cap",
+            "Prompt tokens a step beside running decodes may carry (--max-itl-factor on the "
+            "fitted step time; the step budget while the guard is off or still learning)")
         self.admission_rejections = counter("llm_mesh:admission_rejections",
                                             "Requests refused because the queue was full")
         self.spec_decode_num_drafts = counter("vllm:spec_decode_num_drafts",

@@ -15,6 +15,7 @@ class EngineStats:
         self.running = metrics.num_requests_running.labels(*labels)
         self.waiting = metrics.num_requests_waiting.labels(*labels)
         self.kv_usage = metrics.kv_cache_usage_perc.labels(*labels)
+        self.prefill_cap = metrics.prefill_token_cap.labels(*labels)
         self.prefix_queries = metrics.prefix_cache_queries.labels(*labels)
         self.prefix_hits = metrics.prefix_cache_hits.labels(*labels)
         self.preemptions = metrics.num_preemptions.labels(*labels)
@@ -81,6 +82,7 @@ class EngineStats:
         self.running.set(stats.num_running)
         self.waiting.set(stats.num_waiting)
         self.kv_usage.set(stats.kv_cache_usage)
+        self.prefill_cap.set(stats.prefill_token_cap)
         seen = self._seen
         self.prefix_queries.inc(max(0, stats.prefix_cache_queries - seen.prefix_cache_queries))
         self.prefix_hits.inc(max(0, stats.prefix_cache_hits - seen.prefix_cache_hits))

@@ -101,11 +101,13 @@ def test_a_prompt_beside_decodes_is_chunked_to_keep_their_step_within_the_itl_fa
     first = step(scheduler, worker, run)
     assert first.total_num_scheduled_tokens == 20        # no decodes yet: no cap
     assert first.num_prefill_tokens == 20
+    assert scheduler.make_stats().prefill_token_cap == 64     # the budget: nothing capped
     scheduler.add_request(make_request("long", prompt(60, seed=9), max_tokens=3))
     shares = [step(scheduler, worker, run) for _ in range(5)]
     assert [out.num_scheduled_tokens_by_id.get("long") for out in shares] == [12] * 5
     assert [out.num_prefill_tokens for out in shares] == [12] * 5
     assert all(out.total_num_scheduled_tokens == 16 for out in shares)
+    assert scheduler.make_stats().prefill_token_cap == 12     # what /metrics shows
     run_until_done(scheduler, worker, run)
     assert_matches_reference(run, {"long": (prompt(60, seed=9), 3),
                                    **{f"s{i}": (prompt(5, seed=i), 30) for i in range(4)}})

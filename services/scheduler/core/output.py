@@ -164,5 +164,7 @@ class SchedulerStats:
     num_preemptions: int
     """Cumulative."""
     num_waiting_tokens: int = 0
+    prefill_token_cap: int = 0
+    """The last step's cap on prompt tokens beside decodes (the budget when uncapped)."""
     spec_decoding: SpecDecodingStats | None = None
     """Cumulative; None when speculative decoding is off."""

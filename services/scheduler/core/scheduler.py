@@ -59,6 +59,8 @@ class Scheduler:
         self.long_prefill_token_threshold = config.long_prefill_token_threshold
         self.step_time = StepTimeModel()
         """Fitted from the worker's step times (observe_step): sizes prefill beside decodes."""
+        self.prefill_token_cap = config.max_num_batched_tokens
+        """The cap the last step with decodes put on its prompt tokens (for /metrics)."""
         self.block_hasher = (BlockHasher(config.block_size, config.hash_algo, config.hash_seed)
                              if config.enable_prefix_caching else None)
 
@@ -184,6 +186,8 @@ class Scheduler:
         cap = self.step_time.prefill_token_cap(num_decode_tokens, self.config.max_itl_factor)
         if cap is not None:
             plan.prefill_cap = max(cap, self.block_size)
+        if num_decode_tokens:
+            self.prefill_token_cap = min(plan.prefill_cap, self.max_num_batched_tokens)
 
     def observe_step(self, output: SchedulerOutput, execute_s: float) -> None:
         """The worker's time for a step this scheduler built."""
@@ -608,6 +612,7 @@ class Scheduler:
             prefix_cache_hits=self._prefix_cache_hits,
             num_preemptions=self.num_preemptions,
             num_waiting_tokens=self._num_waiting_tokens,
+            prefill_token_cap=self.prefill_token_cap,
             spec_decoding=(self.spec_decoding_stats.copy()
                            if self.spec_decoding_stats is not None else None))
 
