@@ -18,9 +18,9 @@
 
 #include <algorithm>
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
-#define MESH_HAS_AMX 1
-#include <immintrin.h>
+#include "amx_tiles.h"
+
+#if defined(MESH_HAS_AMX)
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
@@ -45,26 +45,6 @@ bool request_amx() {
 bool amx_permitted() {
   static const bool permitted = request_amx();
   return permitted;
-}
-
-struct alignas(64) TileConfig {
-  uint8_t palette_id;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
-// Tiles 0-3 accumulate C (2 row tiles x 2 column tiles), 4-5 hold A, 6-7 hold B; all
-// 16 rows of 64 bytes.
-void configure_tiles() {
-  TileConfig config{};
-  config.palette_id = 1;
-  for (int t = 0; t < 8; ++t) {
-    config.rows[t] = kTileRows;
-    config.colsb[t] = 64;
-  }
-  _tile_loadconfig(&config);
 }
 
 struct Problem {
@@ -136,7 +116,7 @@ void run(const Problem& p, int64_t column_tiles_total) {
   const int64_t pairs = column_tiles_total / 2;
   const int64_t units = pairs + column_tiles_total % 2;   // the last one may be a single tile
   at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
-    configure_tiles();
+    configure_full_tiles();   // C: tiles 0-3 (2 row x 2 column tiles), A: 4-5, B: 6-7
     for (int64_t u = begin; u < end; ++u) {
       if (u < pairs) {
         column_tiles<2>(p, 2 * u);

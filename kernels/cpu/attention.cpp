@@ -11,7 +11,8 @@
 //   one transpose tree (AVX-512; AVX2 sums each);
 // - R a multiple of kVec: Q transposed once per item, S[key][row], rows in lanes, so each
 //   score vector is D broadcast-FMAs with no horizontal sums.
-// All math is fp32; the softmax uses Sleef's 1-ulp exp (torch's own).
+// All math is fp32; the softmax uses Sleef's 1-ulp exp (torch's own). Where the CPU has AMX,
+// bf16 prefill items run on its tiles instead (attention_prefill_amx.cpp).
 // A sliding window (query at p sees keys p - window < j <= p): the plan starts each item's keys
 // at the first one its first row sees (a plan made for that window; with another, the loop
 // starts there anyway), later rows mask the keys before theirs. A soft-cap (Gemma 2) turns
@@ -87,14 +88,13 @@ void softmax_cols(float* s, int rows, Scratch& sc) {
   }
 }
 
+// A prefill item's accumulators (sc.acc, sc.m, sc.l) in fp32 FMAs.
 template <int NV>
-void run_item(const Args& a, const int32_t* it, Scratch& sc) {
+void accumulate_item(const Args& a, const int32_t* it, Scratch& sc) {
   constexpr int D = NV * kVec;
   const int kv_head = it[kKvHead], q0 = it[kQBegin], G = a.group;
   const int kv0 = it[kKvBegin], kv1 = it[kKvEnd];
   const int rows = (it[kQEnd] - q0) * G;
-  TORCH_CHECK(it[kReq] < a.bt_rows && it[kQEnd] <= a.num_tokens && rows > 0,
-              "attention plan does not fit this step's tensors");
   // Rows in lanes once they fill most of a vector (prefill tiles); padded rows are zero queries.
   const bool by_cols = rows > kVec / 2;
   const int rows_p = by_cols ? (rows + kVec - 1) / kVec * kVec : rows;
@@ -138,6 +138,20 @@ void run_item(const Args& a, const int32_t* it, Scratch& sc) {
       softmax_rows(s, kVec, kVec, 0, rows, sc);
       accumulate_v<NV>(sc.acc.data(), rows, s, kVec, 1, vrow, n, sc.corr.data());
     }
+  }
+}
+
+template <int NV>
+void run_item(const Args& a, const int32_t* it, Scratch& sc) {
+  constexpr int D = NV * kVec;
+  const int kv_head = it[kKvHead], q0 = it[kQBegin], G = a.group;
+  const int rows = (it[kQEnd] - q0) * G;
+  TORCH_CHECK(it[kReq] < a.bt_rows && it[kQEnd] <= a.num_tokens && rows > 0,
+              "attention plan does not fit this step's tensors");
+  if (prefill_on_amx(a)) {
+    run_prefill_item_amx(a, it, sc);
+  } else {
+    accumulate_item<NV>(a, it, sc);
   }
   if (it[kPartial] < 0) {
     for (int r = 0; r < rows; ++r) {

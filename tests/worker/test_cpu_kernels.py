@@ -22,6 +22,12 @@ LONG_CASES = [
     AttentionCase("mha_long_prefill_tile", 4, 4, [300], [77], head_dim=64),
     AttentionCase("gqa4_bf16_long", 8, 2, [1500, 0], [1, 40], dtype=torch.bfloat16,
                   head_dim=64),
+    # bf16 prompt chunks after long prefixes and from scratch (AMX tiles where the CPU has
+    # them; head_dim 128 takes two passes of O tiles there).
+    AttentionCase("gqa3_bf16_prefill_chunks", 9, 3, [300, 0, 17], [77, 128, 45],
+                  dtype=torch.bfloat16, head_dim=64),
+    AttentionCase("gqa3_bf16_prefill_d128", 6, 2, [0, 40], [100, 3], dtype=torch.bfloat16,
+                  head_dim=128),
 ]
 
 
