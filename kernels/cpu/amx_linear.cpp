@@ -130,10 +130,6 @@ void run(const Problem& p, int64_t column_tiles_total) {
 
 #endif  // MESH_HAS_AMX
 
-int64_t round_up(int64_t value, int64_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;
-}
-
 }  // namespace
 
 bool amx_linear_supported() {

@@ -24,8 +24,6 @@ namespace {
 constexpr int kMinSplit = 128;     // keys: never split a decode finer than this
 constexpr int kItemsPerThread = 8; // aim for this many decode splits per thread
 
-int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_plan(

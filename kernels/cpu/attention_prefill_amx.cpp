@@ -197,7 +197,7 @@ void run_prefill_item_amx(const Args& a, const int32_t* it, Scratch& sc) {
   const int d = a.head_dim, G = a.group, kv_head = it[kKvHead], q0 = it[kQBegin];
   const int kv0 = it[kKvBegin], kv1 = it[kKvEnd];
   const int rows = (it[kQEnd] - q0) * G;
-  const int rows_p = (rows + kTileRows - 1) / kTileRows * kTileRows;
+  const int rows_p = static_cast<int>(round_up(rows, kTileRows));
   const int max_lo = it[kPos0] + (rows - 1) / G - a.window;
   const int kv_first = std::max(kv0, it[kPos0] - a.window + 1);
   thread_local Buffers b;

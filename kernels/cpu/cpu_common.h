@@ -119,6 +119,11 @@ inline fVec round_to(const fVec& v) {
   }
 }
 
+// The smallest multiple of `multiple` at or above `value` (both positive).
+inline int64_t round_up(int64_t value, int64_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
 inline float hsum(const fVec& v) {
 #if defined(CPU_CAPABILITY_AVX512)
   return _mm512_reduce_add_ps(v);
