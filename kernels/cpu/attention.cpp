@@ -20,6 +20,7 @@
 #include "attention_kernels.h"
 
 #include <algorithm>
+#include <atomic>
 
 namespace mesh_cpu {
 
@@ -191,23 +192,27 @@ void merge(const Args& a, const int32_t* mg, Scratch& sc) {
   }
 }
 
+// NOTE: items are taken by whichever thread is free, largest first (the plan's order), not
+// cut into a fixed range per thread: a prompt tile on AMX and a memory-bound decode differ in
+// speed per estimated cost, and a thread preempted by another process leaves its share to the
+// other. A 128-token bf16 chunk beside 32 decodes: threads 460 / 320 us a layer with ranges,
+// 404 / 402 taken this way (benchmarks.md 10k).
 template <int NV>
-void run_all(const Args& a, const at::Tensor& items, const at::Tensor& bounds,
-             const at::Tensor& merges) {
+void run_all(const Args& a, const at::Tensor& items, const at::Tensor& merges) {
   const int32_t* it = items.data_ptr<int32_t>();
-  const int32_t* bd = bounds.data_ptr<int32_t>();
+  const int num_items = static_cast<int>(items.size(0));
   const int max_rows = std::max((a.group * kPrefillTile + kVec - 1) / kVec * kVec,
                                 a.group * a.num_kv_heads);
-  at::parallel_for(0, bounds.numel() - 1, 1, [&](int64_t begin, int64_t end) {
+  std::atomic<int> next{0};
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     Scratch sc(max_rows, a.head_dim);
-    for (int64_t p = begin; p < end; ++p) {
-      for (int i = bd[p]; i < bd[p + 1]; ++i) {
-        const int32_t* item = it + i * kItemFields;
-        if (item[kKvHead] == kAllKvHeads) {
-          run_decode_item<NV>(a, item, sc);
-        } else {
-          run_item<NV>(a, item, sc);
-        }
+    for (int i = next.fetch_add(1, std::memory_order_relaxed); i < num_items;
+         i = next.fetch_add(1, std::memory_order_relaxed)) {
+      const int32_t* item = it + i * kItemFields;
+      if (item[kKvHead] == kAllKvHeads) {
+        run_decode_item<NV>(a, item, sc);
+      } else {
+        run_item<NV>(a, item, sc);
       }
     }
   });
@@ -232,7 +237,7 @@ bool supports_head_dim(int64_t head_dim) {
 
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                      const at::Tensor& value_cache, const at::Tensor& block_table,
-                     const at::Tensor& items, const at::Tensor& bounds, const at::Tensor& merges,
+                     const at::Tensor& items, const at::Tensor& merges,
                      at::Tensor& partials, double scale, double k_scale, double v_scale,
                      int64_t sliding_window, double soft_cap) {
   TORCH_CHECK(sliding_window >= 0 && soft_cap >= 0, "sliding_window and soft_cap: 0 = none");
@@ -243,7 +248,7 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
   TORCH_CHECK(out.is_contiguous() && out.numel() == query.numel() &&
               out.scalar_type() == query.scalar_type(), "out must be contiguous like query");
   TORCH_CHECK(block_table.scalar_type() == at::kInt && block_table.stride(1) == 1);
-  TORCH_CHECK(items.is_contiguous() && bounds.is_contiguous() && merges.is_contiguous());
+  TORCH_CHECK(items.is_contiguous() && merges.is_contiguous());
   const int head_dim = static_cast<int>(query.size(2));
   const int num_kv_heads = static_cast<int>(key_cache.size(2));
   TORCH_CHECK(key_cache.size(3) == head_dim && query.size(1) % num_kv_heads == 0);
@@ -266,13 +271,13 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                             : kNoWindow,
          static_cast<float>(soft_cap)};
   switch (head_dim / kVec) {
-    case 1: return run_all<1>(a, items, bounds, merges);
-    case 2: return run_all<2>(a, items, bounds, merges);
-    case 4: return run_all<4>(a, items, bounds, merges);
-    case 5: return run_all<5>(a, items, bounds, merges);
-    case 6: return run_all<6>(a, items, bounds, merges);
-    case 8: return run_all<8>(a, items, bounds, merges);
-    default: return run_all<16>(a, items, bounds, merges);
+    case 1: return run_all<1>(a, items, merges);
+    case 2: return run_all<2>(a, items, merges);
+    case 4: return run_all<4>(a, items, merges);
+    case 5: return run_all<5>(a, items, merges);
+    case 6: return run_all<6>(a, items, merges);
+    case 8: return run_all<8>(a, items, merges);
+    default: return run_all<16>(a, items, merges);
   }
 }
 

@@ -6,8 +6,9 @@
 // kPrefillTile query tokens, each attending to keys 0 .. its last position (causal). A decode
 // attends to its whole context, cut into splits of `split` keys when the step's decode work is
 // large next to one thread's share (flash-decoding): split items leave fp32 partials (acc, max,
-// sum) that a merge pass combines. Items are then cut into one contiguous range per thread with
-// near-equal estimated cost, so one long context among short ones does not leave a thread idle.
+// sum) that a merge pass combines. Items are then ordered by estimated cost, largest first:
+// the threads take them in that order as each frees up (attention.cpp), so one long context
+// among short ones does not leave a thread idle at the end.
 // With a sliding window (layers that have one get a plan of their own) key ranges start at the
 // first key the item's first query still sees: a decode reads and splits only its window.
 #include "attention.h"
@@ -16,6 +17,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <numeric>
 
 namespace mesh_cpu {
 
@@ -26,7 +28,7 @@ constexpr int kItemsPerThread = 8; // aim for this many decode splits per thread
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_plan(
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_plan(
     const at::Tensor& query_start_loc, const at::Tensor& seq_lens, int64_t num_kv_heads,
     int64_t group, int64_t head_dim, int64_t sliding_window) {
   TORCH_CHECK(sliding_window >= 0, "sliding_window: 0 = none");
@@ -93,19 +95,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_plan(
     }
   }
 
-  // Thread p runs items whose cost midpoint falls in [p, p + 1) x total / num_parts.
-  const int num_items = static_cast<int>(costs.size());
-  int64_t total = 0;
-  for (int64_t c : costs) total += c;
-  std::vector<int32_t> bounds(num_parts + 1, num_items);
-  bounds[0] = 0;
-  int64_t before = 0;
-  int part = 0;
-  for (int i = 0; i < num_items; ++i) {
-    const int p = total == 0 ? 0 : static_cast<int>((2 * before + costs[i]) * num_parts /
-                                                    (2 * total));
-    while (part < std::min(p, num_parts - 1)) bounds[++part] = i;
-    before += costs[i];
+  // Largest first (ties in plan order): an item left for the end is a short one.
+  std::vector<int32_t> order(costs.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t x, int32_t y) { return costs[x] > costs[y]; });
+  std::vector<int32_t> sorted(items.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    std::copy_n(items.begin() + order[i] * kItemFields, kItemFields,
+                sorted.begin() + i * kItemFields);
   }
 
   auto int_tensor = [](const std::vector<int32_t>& v, int64_t cols) {
@@ -116,8 +114,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_plan(
   };
   at::Tensor partials = at::empty({num_partials * num_kv_heads, group, head_dim + 2},
                                   at::TensorOptions().dtype(at::kFloat));
-  return {int_tensor(items, kItemFields), int_tensor(bounds, 1).view({-1}),
-          int_tensor(merges, 4), partials};
+  return {int_tensor(sorted, kItemFields), int_tensor(merges, 4), partials};
 }
 
 }  // namespace mesh_cpu

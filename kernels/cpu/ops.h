@@ -12,13 +12,13 @@ int64_t vec_size();  // floats per vector in these kernels (16 with AVX-512)
 
 bool supports_head_dim(int64_t head_dim);
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_plan(
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_plan(
     const at::Tensor& query_start_loc, const at::Tensor& seq_lens, int64_t num_kv_heads,
     int64_t group, int64_t head_dim, int64_t sliding_window);
 
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                      const at::Tensor& value_cache, const at::Tensor& block_table,
-                     const at::Tensor& items, const at::Tensor& bounds, const at::Tensor& merges,
+                     const at::Tensor& items, const at::Tensor& merges,
                      at::Tensor& partials, double scale, double k_scale, double v_scale,
                      int64_t sliding_window, double soft_cap);
 

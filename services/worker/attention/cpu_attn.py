@@ -1,12 +1,12 @@
 """The `torch` backend's CPU fast path: the KV write and attention in C++ (kernels/cpu).
 
 Per step, the kernels make a work plan (kernels/cpu/attention_plan.cpp: query tiles for prefill
-chunks, KV splits for long decodes, one balanced range of items per thread) that every layer
-reuses; layers with a sliding window share one of their own, whose key ranges start at the
-window (made by the first such layer of the step). Per layer, forward is two calls: reshape_and_cache, then
-paged_attention, which reads K/V in place through the block table: no gather copy, no padding
-to the longest context, all query heads of a KV head together (GQA), a cached prefix read like
-any other context. The torch backend it extends stays the fallback (kernels not built, head
+chunks, KV splits for long decodes, largest first, taken by whichever thread is free) that
+every layer reuses; layers with a sliding window share one of their own, whose key ranges start
+at the window (made by the first such layer of the step). Per layer, forward is two calls:
+reshape_and_cache, then paged_attention, which reads K/V in place through the block table: no
+gather copy, no padding to the longest context, all query heads of a KV head together (GQA), a
+cached prefix read like any other context. The torch backend it extends stays the fallback (kernels not built, head
 size without a kernel) and the reference the tests hold it to.
 """
 
@@ -25,8 +25,7 @@ from services.worker.cpu_runtime import load_cpu_kernels
 
 @dataclass
 class CpuAttentionPlan:
-    items: torch.Tensor          # int32 [num_items, 8]: the plan's work items
-    bounds: torch.Tensor         # int32 [num_threads + 1]: each thread's range of items
+    items: torch.Tensor          # int32 [num_items, 8]: the plan's work items, largest first
     merges: torch.Tensor         # int32 [num_merges, 4]: decodes cut into KV splits
     partials: torch.Tensor       # fp32 scratch for the splits' partial results
 
@@ -68,7 +67,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
         out = query.new_empty(query.shape[0], self.num_heads * self.head_dim)
         # NOTE: the kernels read 0 as "no window" and "no cap".
         self.ops.paged_attention(out, query, kv_cache.key, kv_cache.value, metadata.block_table,
-                                 plan.items, plan.bounds, plan.merges, plan.partials,
+                                 plan.items, plan.merges, plan.partials,
                                  layer.scale, kv_cache.k_scale, kv_cache.v_scale,
                                  layer.sliding_window or 0, layer.logits_soft_cap or 0.0)
         return out
