@@ -49,6 +49,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("amx_linear", &mesh_cpu::amx_linear, "x"_a, "packed"_a, "n"_a, "bias"_a = pybind11::none(),
         "x [M, K] bf16 @ W^T (+ bias) on AMX tiles, W packed by amx_pack_bf16, N its rows: "
         "fp32 sums of bf16 products, rounded once to bf16. Returns y [M, N] bf16.");
+  m.def("amx_linear_silu_mul", &mesh_cpu::amx_linear_silu_mul, "x"_a, "packed"_a, "n"_a,
+        "silu_and_mul(amx_linear(x, packed, n)) in one pass, for a gate_up weight [N, K] "
+        "(gate rows, then up rows; N / 2 a multiple of 16). Returns [M, N / 2] bf16.");
   m.def("quantize_per_token", &mesh_cpu::quantize_per_token, "x"_a, "zero_point"_a = 0,
         "x [M, K] to (codes [M, K], scales [M] fp32): per row s = max|x| / 127, "
         "q = round(x / s) in [-127, 127]; int8 codes, or q + 128 as uint8 with zero_point 128.");

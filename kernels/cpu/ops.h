@@ -46,6 +46,8 @@ at::Tensor amx_pack_bf16(const at::Tensor& weight);
 at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
                       const std::optional<at::Tensor>& bias);
 
+at::Tensor amx_linear_silu_mul(const at::Tensor& x, const at::Tensor& packed, int64_t n);
+
 std::tuple<at::Tensor, at::Tensor> quantize_per_token(const at::Tensor& x, int64_t zero_point);
 
 at::Tensor dequantize_int32(const at::Tensor& acc, const at::Tensor& x_scales,

@@ -1,7 +1,9 @@
 """amx_linear (kernels/cpu/amx_linear.cpp), on CPUs with AMX-BF16 only: its products are a
 bf16 GEMM's (fp32 sums of the bf16 products, rounded once), at shapes that leave partial
 tiles in every direction, with and without a bias; a row's result does not depend on the
-rows beside it nor on the thread count; and a bf16 Linear runs on it."""
+rows beside it nor on the thread count; and a bf16 Linear runs on it. amx_linear_silu_mul
+(a gate_up projection with SiLU-and-mul in its epilogue) gives the bits of the two steps, and a
+Llama layer's MLP takes it where it can."""
 
 from __future__ import annotations
 
@@ -90,3 +92,40 @@ def test_a_bf16_linear_runs_on_amx() -> None:
     for m in (1, 8, 32, 200):
         x = torch.randn(m, 64, generator=generator).to(torch.bfloat16)
         assert torch.equal(linear(x), ops.amx_linear(x, linear.amx_packed, 96, bias))
+
+
+@pytest.mark.parametrize("n, k", [(3072, 576), (64, 40), (96, 100)])
+def test_silu_mul_in_the_epilogue_gives_the_bits_of_the_two_steps(n: int, k: int) -> None:
+    ops = require_amx()
+    generator = torch.Generator().manual_seed(n + k)
+    weight = (torch.randn(n, k, generator=generator) * 0.1).to(torch.bfloat16)
+    packed = ops.amx_pack_bf16(weight)
+    for m in (1, 5, 16, 17, 32, 33, 70, 160):
+        x = torch.randn(m, k, generator=generator).to(torch.bfloat16)
+        two_steps = ops.silu_and_mul(ops.amx_linear(x, packed, n))
+        fused = ops.amx_linear_silu_mul(x, packed, n)
+        assert fused.shape == (m, n // 2)
+        assert torch.equal(fused.view(torch.int16), two_steps.view(torch.int16)), m
+
+
+def test_silu_mul_needs_whole_tiles_of_gate_and_up() -> None:
+    ops = require_amx()
+    packed = ops.amx_pack_bf16(torch.ones(48, 64, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        ops.amx_linear_silu_mul(torch.ones(2, 64, dtype=torch.bfloat16), packed, 48)
+    empty = ops.amx_linear_silu_mul(torch.empty(0, 64, dtype=torch.bfloat16),
+                                    ops.amx_pack_bf16(torch.ones(64, 64, dtype=torch.bfloat16)),
+                                    64)
+    assert empty.shape == (0, 32)
+
+
+def test_a_llama_mlp_fuses_silu_and_mul_only_where_it_may() -> None:
+    ops = require_amx()
+    generator = torch.Generator().manual_seed(4)
+    gate_up = torch.randn(128, 64, generator=generator).to(torch.bfloat16)
+    assert Linear(gate_up.clone(), kernels=ops).fuses_silu_and_mul
+    # A bias, or halves that are not whole column tiles: the two steps.
+    assert not Linear(gate_up.clone(), torch.ones(128, dtype=torch.bfloat16),
+                      kernels=ops).fuses_silu_and_mul
+    assert not Linear(gate_up[:80].clone(), kernels=ops).fuses_silu_and_mul
+    assert not Linear(gate_up.float(), kernels=ops).fuses_silu_and_mul

@@ -61,6 +61,7 @@ class LlamaDecoderLayer:
             self.q_norm = self._norm_weight(weights, attn_prefix + "q_norm.weight")
             self.k_norm = self._norm_weight(weights, attn_prefix + "k_norm.weight")
         self.act_and_mul = ops.act_and_mul(config.hidden_act)
+        self.silu_mlp = config.hidden_act == "silu"
         self.attn_layer = AttentionLayer(config.scale, config.layer_sliding_windows[index],
                                          config.attn_logit_softcapping)
         self.eps = config.rms_norm_eps
@@ -111,7 +112,10 @@ class LlamaDecoderLayer:
                                              self.attn_layer))
 
     def _mlp(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_and_mul(self.gate_up_proj(hidden)))
+        gate_up = self.gate_up_proj
+        if self.silu_mlp and isinstance(gate_up, Linear) and gate_up.fuses_silu_and_mul:
+            return self.down_proj(gate_up.silu_and_mul(hidden))
+        return self.down_proj(self.act_and_mul(gate_up(hidden)))
 
     def _qkv(self, qkv: torch.Tensor, cos: torch.Tensor,
              sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
