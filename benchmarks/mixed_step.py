@@ -146,8 +146,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         # NOTE: measured after the KV cache's pages are in (kv_prefault.py): a step that
         # first writes a page waits for the kernel.
-        while any(t.name == "kv-prefault" for t in threading.enumerate()):
-            time.sleep(0.1)
+        for thread in threading.enumerate():
+            if thread.name == "kv-prefault":
+                thread.join()
         steps = MixedSteps(runner, args.decodes, args.prompt_len, max_chunk)
         if args.compare_fused_mlp:
             compare_fused_mlp(steps, args)
