@@ -191,6 +191,19 @@ void check_inputs(const at::Tensor& x, const at::Tensor& packed, int64_t n) {
               " column tiles");
 }
 
+// y (allocated: [M, n], or [M, n / 2] for kSiluMul) = the epilogue E of x @ W^T.
+template <Epilogue E>
+void multiply(const at::Tensor& x, const at::Tensor& packed, int64_t n, const float* bias,
+              at::Tensor& y) {
+  if (x.size(0) == 0) return;
+  const int64_t k_padded = packed.size(1) * kTileK;
+  const at::Tensor xp = padded_input(x, k_padded);
+  const int64_t pair_offset = E == Epilogue::kSiluMul ? n / 2 / kTileCols : 1;
+  run<E>(Problem{xp.data_ptr<BFloat16>(), packed.data_ptr<BFloat16>(), bias,
+                 y.data_ptr<BFloat16>(), x.size(0), n, k_padded, pair_offset},
+         packed.size(0));
+}
+
 #endif  // MESH_HAS_AMX
 
 }  // namespace
@@ -240,14 +253,9 @@ at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n, "bias must be [N]");
     bias_fp32 = bias->to(at::kFloat).contiguous();
   }
-  const int64_t m = x.size(0);
-  at::Tensor y = at::empty({m, n}, x.options());
-  if (m == 0) return y;
-  const at::Tensor xp = padded_input(x, packed.size(1) * kTileK);
-  const Problem problem{xp.data_ptr<BFloat16>(), packed.data_ptr<BFloat16>(),
-                        bias.has_value() ? bias_fp32.data_ptr<float>() : nullptr,
-                        y.data_ptr<BFloat16>(), m, n, packed.size(1) * kTileK, 1};
-  run<Epilogue::kLinear>(problem, packed.size(0));
+  at::Tensor y = at::empty({x.size(0), n}, x.options());
+  multiply<Epilogue::kLinear>(x, packed, n,
+                              bias.has_value() ? bias_fp32.data_ptr<float>() : nullptr, y);
   return y;
 #endif
 }
@@ -259,14 +267,8 @@ at::Tensor amx_linear_silu_mul(const at::Tensor& x, const at::Tensor& packed, in
   check_inputs(x, packed, n);
   TORCH_CHECK(n % (2 * kTileCols) == 0, "gate and up must each be a multiple of ", kTileCols,
               " columns (n = ", n, ")");
-  const int64_t m = x.size(0);
-  at::Tensor y = at::empty({m, n / 2}, x.options());
-  if (m == 0) return y;
-  const at::Tensor xp = padded_input(x, packed.size(1) * kTileK);
-  const Problem problem{xp.data_ptr<BFloat16>(), packed.data_ptr<BFloat16>(), nullptr,
-                        y.data_ptr<BFloat16>(), m, n, packed.size(1) * kTileK,
-                        n / 2 / kTileCols};
-  run<Epilogue::kSiluMul>(problem, packed.size(0));
+  at::Tensor y = at::empty({x.size(0), n / 2}, x.options());
+  multiply<Epilogue::kSiluMul>(x, packed, n, nullptr, y);
   return y;
 #endif
 }
