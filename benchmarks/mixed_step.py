@@ -26,10 +26,8 @@ import numpy as np
 import structlog
 
 from benchmarks.harness import print_preamble
-from benchmarks.runner import Driver
-from services.common import wire
+from benchmarks.runner import Driver, new_request
 from services.common.model_files import resolve_model
-from services.common.packing import pack_int32
 from services.worker.model_runner import ModelRunner, RunnerConfig
 
 LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
@@ -106,17 +104,10 @@ class MixedSteps:
             return d.decode(self.decodes).execute_s
         handle, self.next_handle = self.next_handle, self.next_handle + 1
         vocab = self.runner.info.vocab_size
-        new = wire.NewRequestData(
-            handle=handle, request_id=str(handle),
-            token_ids=pack_int32(self.rng.integers(100, vocab - 100, chunk + 1)),
-            num_prompt_tokens=chunk + 1,
-            block_ids=pack_int32(range(self.spare, self.spare + self.chunk_blocks)),
-            sampling=wire.SamplingParams(ignore_eos=True))
-        d.num_computed[handle] = 0
-        seconds = d._run([new], self.decodes, [chunk] + [1] * len(self.decodes)).execute_s
-        self.runner.execute(wire.StepInput(step=d.step, finished_handles=pack_int32([handle])))
-        d.step += 1
-        del d.num_computed[handle]
+        request = new_request(handle, self.rng.integers(100, vocab - 100, chunk + 1),
+                              range(self.spare, self.spare + self.chunk_blocks))
+        seconds = d.run_with_new(request, chunk, self.decodes).execute_s
+        d.release([handle])
         return seconds
 
 

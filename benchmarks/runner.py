@@ -79,10 +79,7 @@ class Driver:
             blocks_per_req = -(-(lens[h] + self.max_new_tokens + 1) // bs)
             blocks = range(self.next_block, self.next_block + blocks_per_req)
             self.next_block += blocks_per_req
-            pending.append(wire.NewRequestData(
-                handle=h, request_id=str(h), token_ids=pack_int32(tokens),
-                num_prompt_tokens=lens[h], block_ids=pack_int32(blocks),
-                sampling=wire.SamplingParams(ignore_eos=True)))
+            pending.append(new_request(h, tokens, blocks))
         times, started = [], []
         while pending or any(self.num_computed[h] < lens[h] for h in started):
             new, new_sched, cached, cached_sched, left = [], [], [], [], budget
@@ -107,10 +104,22 @@ class Driver:
     def decode(self, handles: list[int]) -> wire.StepOutput:
         return self._run([], handles, [1] * len(handles))
 
-    def finish(self, handles: list[int]) -> None:
+    def run_with_new(self, request: wire.NewRequestData, num_tokens: int,
+                     cached: list[int]) -> wire.StepOutput:
+        """One step: `request`'s first num_tokens prompt tokens beside a token of each of
+        `cached` (decoding)."""
+        self.num_computed[request.handle] = 0
+        return self._run([request], cached, [num_tokens] + [1] * len(cached))
+
+    def release(self, handles: list[int]) -> None:
+        """Ends the requests; their blocks stay the caller's to hand out again."""
         self.runner.execute(wire.StepInput(step=self.step, finished_handles=pack_int32(handles)))
+        self.step += 1
         for h in handles:
             del self.num_computed[h]
+
+    def finish(self, handles: list[int]) -> None:
+        self.release(handles)
         self.next_block = 1
 
     def _run(self, new: list[wire.NewRequestData], cached: list[int],
@@ -127,6 +136,15 @@ class Driver:
             self.num_computed[h] += n
         self.step += 1
         return out
+
+
+def new_request(handle: int, tokens: Sequence[int],
+                blocks: Sequence[int]) -> wire.NewRequestData:
+    """A greedy request of these prompt tokens on these KV blocks, never stopping at EOS."""
+    return wire.NewRequestData(
+        handle=handle, request_id=str(handle), token_ids=pack_int32(tokens),
+        num_prompt_tokens=len(tokens), block_ids=pack_int32(blocks),
+        sampling=wire.SamplingParams(ignore_eos=True))
 
 
 class StepPhases:
