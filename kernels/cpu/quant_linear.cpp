@@ -75,11 +75,11 @@ struct PackedWeight {
   const uint8_t* codes(const uint8_t* block) const { return block + (q4 ? 8 : 4) * kVec; }
 };
 
-// Consecutive k of one Q4_1 group whose packed codes fill 16 bytes: 4 with AVX2, 2 with
-// AVX-512. One nibble split serves them all.
-constexpr int kQ4Steps = 16 / (kVec / 2);
+// Consecutive k of one group expanded at a time: those whose packed Q4_1 codes fill 16
+// bytes, 4 with AVX2, 2 with AVX-512 (one nibble split serves them all).
+constexpr int kExpandSteps = 16 / (kVec / 2);
 
-// The Q4_1 codes of one group at kQ4Steps consecutive k (16 packed bytes at p) as floats.
+// The Q4_1 codes of one group at kExpandSteps consecutive k (16 packed bytes at p) as floats.
 inline void q4_codes(const uint8_t* p, fVec* out) {
   const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   const __m128i low_nibbles = _mm_set1_epi8(0x0F);
@@ -124,26 +124,33 @@ inline fVec round_bf16(const fVec& v) {
 #endif
 }
 
-// use(i, weights) for i in 0 .. 31: the group's kVec weights at the block's i-th k, as fp32.
-template <typename Use>
-inline void expand_block(const PackedWeight& w, const uint8_t* block, Use&& use) {
+// The group's kVec weights at k = i .. i + kExpandSteps - 1 of a block, as fp32 (rounded to
+// bf16 with Bf16).
+// NOTE: Bf16 is a template parameter, not a branch on w.bf16 per weight: the branch and its
+// constants held registers that the 8-row direct tile then spilled (SmolLM2's linears at 8
+// fp32 rows, 2 AVX2 cores: 24.8 -> 20.9 ms; benchmarks.md 10l).
+template <bool Bf16>
+inline void expand_steps(const PackedWeight& w, const uint8_t* block, int i, fVec* out) {
   const uint8_t* q = w.codes(block);
   const fVec d = PackedWeight::scales(block);
   if (w.q4) {
     const fVec m = PackedWeight::mins(block);
-    for (int i = 0; i < kBlock; i += kQ4Steps) {
-      fVec codes[kQ4Steps];
-      q4_codes(q + i * (kVec / 2), codes);
-      for (int j = 0; j < kQ4Steps; ++j) {
-        const fVec weights = at::vec::fmadd(d, codes[j], m);
-        use(i + j, w.bf16 ? round_bf16(weights) : weights);
-      }
-    }
+    q4_codes(q + i * (kVec / 2), out);
+    for (int j = 0; j < kExpandSteps; ++j) out[j] = at::vec::fmadd(d, out[j], m);
   } else {
-    for (int i = 0; i < kBlock; ++i) {
-      const fVec weights = d * q8_codes(q + i * kVec);
-      use(i, w.bf16 ? round_bf16(weights) : weights);
-    }
+    for (int j = 0; j < kExpandSteps; ++j) out[j] = d * q8_codes(q + (i + j) * kVec);
+  }
+  if constexpr (Bf16)
+    for (int j = 0; j < kExpandSteps; ++j) out[j] = round_bf16(out[j]);
+}
+
+// use(i, weights) for i in 0 .. 31: the group's kVec weights at the block's i-th k, as fp32.
+template <bool Bf16, typename Use>
+inline void expand_block(const PackedWeight& w, const uint8_t* block, Use&& use) {
+  for (int i = 0; i < kBlock; i += kExpandSteps) {
+    fVec weights[kExpandSteps];
+    expand_steps<Bf16>(w, block, i, weights);
+    for (int j = 0; j < kExpandSteps; ++j) use(i + j, weights[j]);
   }
 }
 
@@ -154,8 +161,12 @@ void expand_panel(const PackedWeight& w, int64_t g0, int nv, int64_t k0, int64_t
   for (int v = 0; v < nv; ++v) {
     for (int64_t b = k0 / kBlock; b < (k0 + kc) / kBlock; ++b) {
       float* out = panel + (b * kBlock - k0) * width + v * kVec;
-      expand_block(w, w.block(g0 + v, b),
-                   [&](int i, const fVec& weights) { weights.store(out + i * width); });
+      const auto store = [&](int i, const fVec& weights) { weights.store(out + i * width); };
+      if (w.bf16) {
+        expand_block<true>(w, w.block(g0 + v, b), store);
+      } else {
+        expand_block<false>(w, w.block(g0 + v, b), store);
+      }
     }
   }
 }
@@ -227,24 +238,30 @@ void panels(const PackedWeight& w, const float* xp, int64_t m, float* yp, int64_
 // NOTE: one group at a time measured fastest (SmolLM2, 2 AVX2 cores, one row: 15.3 ms a
 // step's linears against 16.0, 15.9 and 17.4 with 2, 4 and 12 groups side by side): the
 // expansion, not the FMA latency, bounds a small batch, and each group is a memory stream.
-template <int MR>
+template <int MR, bool Bf16>
 void direct_tile(const PackedWeight& w, const float* xp, int64_t g, float* yp) {
   fVec acc[MR];
   for (int r = 0; r < MR; ++r) acc[r] = fVec(0.f);
   for (int64_t b = 0; b < w.k / kBlock; ++b) {
     const float* x = xp + b * kBlock;
-    expand_block(w, w.block(g, b), [&](int i, const fVec& weights) {
+    expand_block<Bf16>(w, w.block(g, b), [&](int i, const fVec& weights) {
       for (int r = 0; r < MR; ++r) acc[r] = at::vec::fmadd(fVec(x[r * w.k + i]), weights, acc[r]);
     });
   }
   for (int r = 0; r < MR; ++r) acc[r].store(yp + r * w.n + g * kVec);
 }
 
+template <int MR, bool Bf16>
+void direct_groups(const PackedWeight& w, const float* xp, float* yp) {
+  at::parallel_for(0, w.n / kVec, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) direct_tile<MR, Bf16>(w, xp, g, yp);
+  });
+}
+
 template <int MR>
 void direct(const PackedWeight& w, const float* xp, float* yp) {
-  at::parallel_for(0, w.n / kVec, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t g = begin; g < end; ++g) direct_tile<MR>(w, xp, g, yp);
-  });
+  if (w.bf16) return direct_groups<MR, true>(w, xp, yp);
+  direct_groups<MR, false>(w, xp, yp);
 }
 
 // Panels of kPanelGroups groups over the groups they divide evenly, then single groups.
