@@ -80,10 +80,15 @@ class UpSettings:
         "NATS INFO, Redis PING; one a second) unanswered before it counts as hung (SIGSTOP, "
         "a deadlock) and is killed and restarted like a crash; one not answered yet since "
         "its start gets --startup-timeout-s unless it is stopped. 0: off")
+    services_sched_idle: bool = setting(
+        True, "Run every service but the worker under Linux's SCHED_IDLE policy: their "
+        "per-token work then waits for a core the worker's threads leave (between steps) "
+        "instead of preempting one mid-step, which stalls its partner at the next barrier "
+        "(docs/benchmarks.md 10l: 1.2-1.4x the tok/s at concurrency 8 and 32 on 2 cores). Off, "
+        "or where the OS has no SCHED_IDLE: --services-nice")
     services_nice: int = setting(
-        10, "Niceness of every service but the worker (0-19; 0: as the launcher). The "
-        "worker's threads then preempt the per-token work of the others, which would stall "
-        "its matrix products on the cores they share (docs/benchmarks.md section 10)")
+        10, "Niceness of every service but the worker where SCHED_IDLE is off or missing "
+        "(0-19; 0: as the launcher)")
     data_parallel_size: int = setting(
         1, "Engines to start (scheduler + worker pairs engine-0 ... engine-{N-1}; the "
         "gateway spreads requests over them). Each worker gets an equal share of the cores "
@@ -155,13 +160,25 @@ class Child:
         return None if self.process is None else self.process.poll()
 
 
+@dataclass(frozen=True)
+class Priority:
+    """How a service shares the CPU with the worker."""
+
+    sched_idle: bool = False
+    nice: int = 0   # added to the launcher's, where SCHED_IDLE is off or missing
+
+    @property
+    def log_fields(self) -> dict[str, Any]:
+        return {"sched_idle": True} if self.sched_idle else {"nice": self.nice}
+
+
 def _launch_service(name: str, argv: list[str], health_port: int, env: dict[str, str],
-                    nice: int) -> subprocess.Popen:
-    """`env`: the secrets, as LLM_MESH_* variables; `nice`: added to the launcher's."""
+                    priority: Priority) -> subprocess.Popen:
+    """`env`: the secrets, as LLM_MESH_* variables."""
     return subprocess.Popen(
         [sys.executable, "-m", SERVICE_MODULES[name], *argv, "--health-port", str(health_port)],
         env={**os.environ, **env}, start_new_session=True,
-        preexec_fn=partial(_prepare_child, nice))
+        preexec_fn=partial(_prepare_child, priority))
 
 
 def _launch_server(server: EmbeddedNats | EmbeddedRedis) -> subprocess.Popen:
@@ -183,13 +200,15 @@ def _libc_prctl() -> Callable[..., int] | None:
 _PRCTL = _libc_prctl()
 
 
-def _prepare_child(nice: int) -> None:
+def _prepare_child(priority: Priority) -> None:
     """In the child before it runs: SIGTERM if the launcher itself is killed (Linux
-    PR_SET_PDEATHSIG), and its niceness."""
+    PR_SET_PDEATHSIG), and its priority (inherited by every thread it starts)."""
     if _PRCTL is not None:
         _PRCTL(1, signal.SIGTERM)
-    if nice:
-        os.nice(nice)
+    if priority.sched_idle:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    elif priority.nice:
+        os.nice(priority.nice)
 
 
 class Mesh:
@@ -267,13 +286,19 @@ class Mesh:
             env[env_name("nats_url")] = nats_url
             if "redis_url" in {f.name for f in dataclasses.fields(SERVICES[name])}:
                 env.update(redis_env)
-            nice = 0 if name == "worker" else self.up.services_nice
-            child = self._child(name, partial(_launch_service, name, argv, port, env, nice),
+            priority = Priority() if name == "worker" else self._services_priority
+            child = self._child(name, partial(_launch_service, name, argv, port, env, priority),
                                 http_probe(health_host, port),
                                 engine.engine_id if engine is not None else "")
             self.children.append(child)
-            log.info("started service", **child.log_fields, pid=child.process.pid, nice=nice,
-                     health=f"http://{health_host}:{port}/ready")
+            log.info("started service", **child.log_fields, pid=child.process.pid,
+                     **priority.log_fields, health=f"http://{health_host}:{port}/ready")
+
+    @property
+    def _services_priority(self) -> Priority:
+        """Every service's but the worker's: SCHED_IDLE where asked for and the OS has it."""
+        return Priority(sched_idle=self.up.services_sched_idle and hasattr(os, "SCHED_IDLE"),
+                        nice=self.up.services_nice)
 
     def _plan_engines(self) -> list[EnginePlan]:
         """The --data-parallel-size engines, splitting the cores we may run on (what a

@@ -179,7 +179,7 @@ def strike(up: Up, name: str, sig: signal.Signals, replaced_within_s: float) -> 
     poll(up.is_healthy, 180, "the mesh to be healthy before the strike", interval_s=0.2)
     old = up.pid_of(name)
     assert old is not None, f"no {name} under the launcher"
-    argv = argv_of(old)
+    argv, policy = argv_of(old), os.sched_getscheduler(old)
     os.kill(old, sig)
     replaced_after_s = poll(lambda: up.pid_of(name) not in (None, old), replaced_within_s,
                             f"the launcher to replace {name} (pid {old})", interval_s=0.1)
@@ -188,6 +188,7 @@ def strike(up: Up, name: str, sig: signal.Signals, replaced_within_s: float) -> 
     # The same port (and NATS's store). valkey-server retitles itself once it listens, so
     # its command line settles to the old one's only then.
     poll(lambda: argv_of(new) == argv, 15, f"{name} (pid {new}) to run as the old one did")
+    assert os.sched_getscheduler(new) == policy   # a service comes back at SCHED_IDLE too
     assert not Path(f"/proc/{old}").exists()          # reaped, not left stopped
     poll(up.is_healthy, 180, f"/health to answer 200 after {name} came back", interval_s=0.2)
     poll(up.completes, 120, "a completion to succeed", interval_s=0.5)
