@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from services.worker.kv_cache import KVCacheSpec, _lazily_zeroed, allocate_kv_caches
-from services.worker.kv_prefault import prefault
+from services.worker.kv_prefault import lowest_priority, prefault
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -56,3 +56,19 @@ def test_a_cpu_kv_cache_is_faulted_in_in_the_background() -> None:
         resident, total = resident_pages(region)
         assert resident == total
     assert all(torch.count_nonzero(t) == 0 for t in regions)
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux scheduling policies")
+def test_the_prefault_thread_yields_to_every_other_thread() -> None:
+    # SCHED_IDLE, as `llm-mesh up` runs the other services: nice 19 would outweigh them.
+    seen: list[int] = []
+
+    def run() -> None:
+        lowest_priority(threading.get_native_id())
+        seen.append(os.sched_getscheduler(threading.get_native_id()))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    assert seen == [os.SCHED_IDLE]
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER   # the rest of the process keeps its own
