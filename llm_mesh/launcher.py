@@ -84,8 +84,7 @@ class UpSettings:
         True, "Run every service but the worker under Linux's SCHED_IDLE policy: their "
         "per-token work then waits for a core the worker's threads leave (between steps) "
         "instead of preempting one mid-step, which stalls its partner at the next barrier "
-        "(docs/benchmarks.md 10l: 1.2-1.4x the tok/s at concurrency 8 and 32 on 2 cores). Off, "
-        "or where the OS has no SCHED_IDLE: --services-nice")
+        "(docs/benchmarks.md 10l). Off, or where the OS has no SCHED_IDLE: --services-nice")
     services_nice: int = setting(
         10, "Niceness of every service but the worker where SCHED_IDLE is off or missing "
         "(0-19; 0: as the launcher)")
