@@ -205,8 +205,12 @@ def _prepare_child(priority: Priority) -> None:
     if _PRCTL is not None:
         _PRCTL(1, signal.SIGTERM)
     if priority.sched_idle:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    elif priority.nice:
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            return
+        except OSError:   # a sandbox refusing the policy must not stop the service starting
+            pass
+    if priority.nice:
         os.nice(priority.nice)
 
 
