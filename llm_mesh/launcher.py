@@ -174,6 +174,9 @@ class Priority:
 def _launch_service(name: str, argv: list[str], health_port: int, env: dict[str, str],
                     priority: Priority) -> subprocess.Popen:
     """`env`: the secrets, as LLM_MESH_* variables."""
+    # NOTE: each service gets a session of its own, so where the kernel groups sessions
+    # (autogroup) its SCHED_IDLE ranks it only within that group; in the launcher's session
+    # the streams starved (ITL P99 5-7x, docs/benchmarks.md 10m).
     return subprocess.Popen(
         [sys.executable, "-m", SERVICE_MODULES[name], *argv, "--health-port", str(health_port)],
         env={**os.environ, **env}, start_new_session=True,

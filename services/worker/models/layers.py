@@ -24,9 +24,9 @@ log = structlog.get_logger(__name__)
 # rows, 1.34x at 32, 1.20x at 256, 1.08x at 512; on AVX-512 2.8-3.0x at 1-4, 1.67x at 32,
 # 1.06x at 256, 0.87x at 512.
 QUANTIZED_MAX_ROWS = 256
-# The same where the CPU has a bf16 GEMM (AMX, AVX-512-bf16) and the model is bf16.
-# NOTE: against oneDNN's AMX GEMM on a Xeon: 1.31x at 1 row, 1.18x at 2, 1.04x at 4, 0.88x
-# at 8 (benchmarks.md 10h).
+# The same where the CPU has a bf16 GEMM but no AMX (AVX-512-bf16) and the model is bf16.
+# NOTE: against oneDNN's bf16 GEMM on a Zen 4 EPYC: 1.56x at 1 row, 1.71x at 2, 1.12x at 4,
+# 0.94x at 6, 0.83x at 8 (benchmarks.md 10m).
 QUANTIZED_MAX_ROWS_BF16_GEMM = 4
 # Rows of each matrix whose GGUF blocks are checked against the loaded weight.
 _SAMPLE_ROWS = 64
