@@ -82,9 +82,9 @@ class UpSettings:
         "its start gets --startup-timeout-s unless it is stopped. 0: off")
     services_sched_idle: bool = setting(
         True, "Run every service but the worker under Linux's SCHED_IDLE policy: their "
-        "per-token work then waits for a core the worker's threads leave (between steps) "
-        "instead of preempting one mid-step, which stalls its partner at the next barrier "
-        "(docs/benchmarks.md 10l). Off, or where the OS has no SCHED_IDLE: --services-nice")
+        "per-token work then never preempts the worker's threads when it wakes (a thread "
+        "preempted mid-step stalls its partner at the next barrier; docs/benchmarks.md "
+        "10l, 10m). Off, or where the OS has no SCHED_IDLE: --services-nice")
     services_nice: int = setting(
         10, "Niceness of every service but the worker where SCHED_IDLE is off or missing "
         "(0-19; 0: as the launcher)")

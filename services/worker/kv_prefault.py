@@ -69,9 +69,10 @@ def prefault(storage: torch.Tensor, num_regions: int) -> bool:
 
 
 def lowest_priority(thread_id: int) -> None:
-    """Linux: SCHED_IDLE for one thread, else nice 19. NOTE: not nice 19 alone: `llm-mesh up`
-    runs the other services under SCHED_IDLE, and a nice-19 thread (weight 15 to their 3)
-    would take most of a core from them for the prefault's 10-50 s after start-up."""
+    """Linux: SCHED_IDLE for one thread, else nice 19. NOTE: not nice 19 alone: that thread
+    (weight 15 to SCHED_IDLE's 3) took more of the step threads' cores for the prefault's
+    10-50 s after start-up, and it may preempt a service that `llm-mesh up` runs under
+    SCHED_IDLE when it wakes (docs/benchmarks.md 10l, 10m)."""
     try:
         os.sched_setscheduler(thread_id, os.SCHED_IDLE, os.sched_param(0))
         return

@@ -60,7 +60,8 @@ def test_a_cpu_kv_cache_is_faulted_in_in_the_background() -> None:
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux scheduling policies")
 def test_the_prefault_thread_yields_to_every_other_thread() -> None:
-    # SCHED_IDLE, as `llm-mesh up` runs the other services: nice 19 would outweigh them.
+    # SCHED_IDLE, as `llm-mesh up` runs the other services: nice 19 would still take cores
+    # from the step threads and preempt those services when it wakes.
     seen: list[int] = []
 
     def run() -> None:
