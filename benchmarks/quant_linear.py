@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     flops_per_row = 2 * sum(n * k for n, k in shapes)
 
     def blocks(i: int, x: torch.Tensor) -> torch.Tensor:
-        return ops.quant_linear(x.float(), packed[i].blocks, packed[i].q4, bf16).to(dtype)
+        return ops.quant_linear(x, packed[i].blocks, packed[i].q4, bf16).to(dtype)
 
     def onednn(i: int, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, onednn_packed[i], None, "none", [], "")

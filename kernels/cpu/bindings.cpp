@@ -40,7 +40,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_linear", &mesh_cpu::quant_linear, "x"_a, "blocks"_a, "q4"_a, "bf16"_a = false,
         "x [M, K] fp32 @ W^T for W [N, K] in GGUF blocks of 32 along K, Q4_1 (q4) or Q8_0, "
         "packed by PackedBlocks.of (groups of vec_size columns), expanded to the dequantized "
-        "fp32 values on the fly (rounded to bf16 with bf16). Returns y [M, N] fp32.");
+        "fp32 values on the fly (rounded to bf16 with bf16). With bf16, x may be bf16 "
+        "(where quant_linear_bf16_dot_supported(), up to 8 rows of it are multiplied as "
+        "bf16 pairs; otherwise it is widened to fp32). Returns y [M, N] fp32.");
+  m.def("quant_linear_bf16_dot_supported", &mesh_cpu::quant_linear_bf16_dot_supported,
+        "Whether quant_linear multiplies bf16 x by bf16 weights with AVX512-BF16's pair "
+        "products (up to 8 rows).");
   m.def("amx_linear_supported", &mesh_cpu::amx_linear_supported,
         "Whether amx_linear runs here (built for AMX-BF16, and Linux granted the tiles).");
   m.def("amx_pack_bf16", &mesh_cpu::amx_pack_bf16, "weight"_a,

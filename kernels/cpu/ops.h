@@ -39,6 +39,8 @@ bool quant_linear_supported();
 
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& blocks, bool q4, bool bf16);
 
+bool quant_linear_bf16_dot_supported();
+
 bool amx_linear_supported();
 
 at::Tensor amx_pack_bf16(const at::Tensor& weight);

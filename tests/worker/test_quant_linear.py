@@ -3,7 +3,8 @@ expands them to exactly the values gguf's dequantizer gives, its products match 
 matmul over those values, and a row's result does not depend on the rows beside it (nor on
 which of its paths, registers or panel, the batch size picks); and Linear reads the blocks
 only up to Linear.max_block_rows rows and only when they are the loaded weight, and
-accumulates 16-bit products in fp32 whether or not the CPU has a 16-bit GEMM."""
+accumulates 16-bit products in fp32 whether or not the CPU has a 16-bit GEMM. A bf16 model's
+rows are multiplied as bf16 pairs where the CPU has AVX512-BF16, with the same guarantees."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from services.worker.models.quantized import PackedBlocks, QuantizedMatrix
-from services.worker.models.layers import (QUANTIZED_MAX_ROWS,
+from services.worker.models.layers import (QUANTIZED_MAX_ROWS, QUANTIZED_MAX_ROWS_BF16_DOT,
                                             QUANTIZED_MAX_ROWS_BF16_GEMM, Linear)
 from tests.worker.cpu_kernels import num_threads, require_cpu_ops
 
@@ -63,6 +64,9 @@ def test_blocks_expand_to_the_dequantized_values_exactly(kind: str) -> None:
     want_bf16 = torch.from_numpy(want).to(torch.bfloat16).float().T
     assert torch.equal(quant_linear(ops, torch.eye(96), q, bf16=True), want_bf16)
     assert torch.equal(quant_linear(ops, torch.eye(96)[7:8], q, bf16=True), want_bf16[7:8])
+    # bf16 rows (multiplied as bf16 pairs where the CPU has AVX512-BF16): the same values.
+    assert torch.equal(quant_linear(ops, torch.eye(96)[5:13].bfloat16(), q, bf16=True),
+                       want_bf16[5:13])
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -79,6 +83,26 @@ def test_products_match_a_dense_matmul_and_are_batch_invariant(kind: str, thread
         y = quant_linear(ops, x, q)
         alone = [quant_linear(ops, x[i:i + 1], q) for i in range(17)]
         leading = [quant_linear(ops, x[:m], q) for m in range(2, 17)]
+    want = (x.double() @ weight.double().T).float()
+    torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
+    assert all(torch.equal(y[i:i + 1], row) for i, row in enumerate(alone))
+    assert all(torch.equal(y[:len(part)], part) for part in leading)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+def test_bf16_rows_match_a_dense_matmul_and_are_batch_invariant(kind: str, threads: int) -> None:
+    # Up to the 8 rows a bf16 Linear reads blocks for: on a CPU with AVX512-BF16 they are
+    # summed as bf16 pairs, elsewhere widened to fp32 and summed in one chain.
+    ops = require_cpu_ops()
+    q = random_blocks(80, 320, kind, seed=8)
+    weight = q.dequantize().to(torch.bfloat16)
+    x = torch.randn(8, 320, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
+    with num_threads(threads):
+        y = quant_linear(ops, x, q, bf16=True)
+        alone = [quant_linear(ops, x[i:i + 1], q, bf16=True) for i in range(8)]
+        leading = [quant_linear(ops, x[:m], q, bf16=True) for m in range(2, 8)]
+    assert y.dtype == torch.float32
     want = (x.double() @ weight.double().T).float()
     torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
     assert all(torch.equal(y[i:i + 1], row) for i, row in enumerate(alone))
@@ -111,9 +135,10 @@ def test_linear_reads_blocks_for_small_batches_only_and_only_if_they_are_its_wei
 
 
 def test_a_bf16_linear_reads_rounded_blocks_for_small_batches() -> None:
-    # Up to 4 rows beside oneDNN's bf16 GEMM (AVX-512-bf16), up to 256 where the CPU has
-    # none and the dense path multiplies in fp32; none beside the AMX kernel
-    # (test_amx_linear.py), which reads the dense weights as fast.
+    # Beside oneDNN's bf16 GEMM up to 8 rows where the kernel sums bf16 pairs
+    # (AVX512-BF16), else 4; up to 256 where the CPU has no bf16 GEMM and the dense path
+    # multiplies in fp32; none beside the AMX kernel (test_amx_linear.py), which reads the
+    # dense weights as fast.
     ops = require_cpu_ops()
     q = random_blocks(64, 128, "Q4_1", seed=6)
     weight = q.dequantize().to(torch.bfloat16)
@@ -123,14 +148,16 @@ def test_a_bf16_linear_reads_rounded_blocks_for_small_batches() -> None:
         return
     assert linear.quantized is not None and linear.quantized.bf16
     native = linear.forward == linear._prepacked
-    assert linear.max_block_rows == (QUANTIZED_MAX_ROWS_BF16_GEMM if native else
-                                     QUANTIZED_MAX_ROWS)
+    in_pairs = ops.quant_linear_bf16_dot_supported()
+    assert linear.max_block_rows == (QUANTIZED_MAX_ROWS if not native else
+                                     QUANTIZED_MAX_ROWS_BF16_DOT if in_pairs else
+                                     QUANTIZED_MAX_ROWS_BF16_GEMM)
     generator = torch.Generator().manual_seed(7)
     for rows in (linear.max_block_rows, linear.max_block_rows + 1):
         x = torch.randn(rows, 128, generator=generator).to(torch.bfloat16)
         want = (x.double() @ weight.double().T).to(torch.bfloat16)
         torch.testing.assert_close(linear(x).float(), want.float(), rtol=1e-2, atol=1e-2)
-        expected = (quant_linear(ops, x.float(), q, bf16=True).to(torch.bfloat16)
+        expected = (quant_linear(ops, x, q, bf16=True).to(torch.bfloat16)
                     if rows <= linear.max_block_rows else linear.forward(x))
         assert torch.equal(linear(x), expected)
 

@@ -24,9 +24,12 @@ log = structlog.get_logger(__name__)
 # rows, 1.34x at 32, 1.20x at 256, 1.08x at 512; on AVX-512 2.8-3.0x at 1-4, 1.67x at 32,
 # 1.06x at 256, 0.87x at 512.
 QUANTIZED_MAX_ROWS = 256
-# The same where the CPU has a bf16 GEMM but no AMX (AVX-512-bf16) and the model is bf16.
-# NOTE: against oneDNN's bf16 GEMM on a Zen 4 EPYC: 1.56x at 1 row, 1.71x at 2, 1.12x at 4,
-# 0.94x at 6, 0.83x at 8 (benchmarks.md 10m).
+# The same where the CPU has a bf16 GEMM but no AMX (AVX-512-bf16) and the model is bf16:
+# the blocks' bf16 products summed in pairs (quant_linear_bf16_dot_supported), else in fp32.
+# NOTE: against oneDNN's bf16 GEMM on a Zen 4 EPYC, in pairs: 2.5x at 1 row, 1.7x at 4,
+# 1.4x at 8 (benchmarks.md 10n); in fp32: 1.56x at 1 row, 1.12x at 4, 0.94x at 6, 0.83x at 8
+# (10m).
+QUANTIZED_MAX_ROWS_BF16_DOT = 8
 QUANTIZED_MAX_ROWS_BF16_GEMM = 4
 # Rows of each matrix whose GGUF blocks are checked against the loaded weight.
 _SAMPLE_ROWS = 64
@@ -80,7 +83,9 @@ class Linear:
         self._packed = _try_prepack(weight, bias)
         if self._packed is not None:
             if weight.dtype == torch.bfloat16:
-                self._read_blocks(quantized, weight, kernels, QUANTIZED_MAX_ROWS_BF16_GEMM)
+                in_pairs = kernels is not None and kernels.quant_linear_bf16_dot_supported()
+                self._read_blocks(quantized, weight, kernels, QUANTIZED_MAX_ROWS_BF16_DOT
+                                  if in_pairs else QUANTIZED_MAX_ROWS_BF16_GEMM)
             self.weight = None  # the packed copy replaces it: don't hold both
             self.forward = self._prepacked
             return
@@ -124,11 +129,12 @@ class Linear:
             self.max_block_rows = max_rows
 
     def _from_blocks(self, x: torch.Tensor) -> torch.Tensor:
-        """The products in fp32 (of bf16-rounded weights for a bf16 model), rounded once to
-        x's dtype at the end, as _prepacked_in_fp32 computes them."""
+        """The products summed in fp32 (of bf16-rounded weights for a bf16 model), rounded
+        once to x's dtype at the end, as _prepacked_in_fp32 computes them."""
         assert self.quantized is not None and self._kernels is not None
         q = self.quantized
-        y = self._kernels.quant_linear(x.float(), q.blocks, q.q4, q.bf16)
+        bf16_x = q.bf16 and x.dtype == torch.bfloat16   # the kernel may multiply it as is
+        y = self._kernels.quant_linear(x if bf16_x else x.float(), q.blocks, q.q4, q.bf16)
         if self._bias_fp32 is not None:
             y.add_(self._bias_fp32)
         return y.to(x.dtype)
