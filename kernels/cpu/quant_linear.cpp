@@ -284,10 +284,11 @@ static_assert(kDirectRows == 8, "with_rows covers 1 .. 8 rows");
 // A bf16 model's batches of up to kDpRows rows on a CPU with AVX512-BF16 (Zen 4, Cooper
 // Lake): vdpbf16ps multiplies bf16 pairs into fp32 sums, so each weight pair is expanded
 // into one vector and each row costs half the FMAs of the fp32 path.
-// NOTE: SmolLM2's linears on a 2-core Zen 4 (benchmarks/quant_linear.py): 5.8 / 7.4 / 10.6
-// ms at 1 / 4 / 8 rows against 8.9 / 11.5 / 17.5 with the fp32 chains and 14.4 / 12.8 / 14.7
-// with oneDNN's bf16 GEMM. 12-row tiles gained nothing over two of 6 (16.1 against 16.6
-// ms, oneDNN 15.8): the expansion and the sums fill the vector units from 8 rows on.
+// NOTE: SmolLM2's linears on a 2-core Zen 4 (benchmarks/quant_linear.py, benchmarks.md
+// 10n): 5.8 / 7.4 / 10.6 ms at 1 / 4 / 8 rows against 8.9 / 11.5 / 17.5 with the fp32
+// chains and 14.4 / 12.8 / 14.7 with oneDNN's bf16 GEMM. Past 8 rows oneDNN wins: 12-row
+// tiles gained nothing over two of 6 (16.1 against 16.6 ms, oneDNN 15.8), and pairs
+// expanded once into panels lost at 32-128 rows (expanding the blocks costs ~8 ms a pass).
 // NOTE: each row keeps two sums, even and odd k pairs, at every row count: one chain a row
 // would stall on vdpbf16ps's latency at one row, and the same chains at every row count keep
 // a row's result independent of the others (batch-invariant).
