@@ -13,22 +13,23 @@ namespace mesh_cpu::attn {
 
 namespace {
 
-constexpr int kAhead = 2 * kVec;   // keys: how far ahead K rows are prefetched
+constexpr int kAhead = 4 * kVec;   // keys: how far ahead K rows are prefetched
 
-// Asks for the whole cache rows (every KV head) of `cache` at off[0 .. n): into L1 (hint
-// _MM_HINT_T0) or L2 (_MM_HINT_T1).
+// Asks for the whole cache rows (every KV head) of `cache` at off[0 .. n) into L2.
 // NOTE: a block's rows are contiguous, but a 16-token block is 6-12 KB read in strides of a
 // head, and the hardware prefetcher trains anew in every 4 KB page: one thread read the KV
 // of 32 x 150-token bf16 decodes at 5.3 GB/s without these, 6.5 with.
-template <int Hint>
+// NOTE: into L2, not L1: prefetches into L1 stalled once its miss buffers filled (perf: 11%
+// of the kernel's samples on them). On a 2-core Zen 4, 32 x 192-token decodes took 9.45
+// against 10.44 ms in bf16 and 16.3 against 18.7 in fp32 (contiguous blocks), 9.9 against
+// 11.7 and 18.6 against 19.9 (scattered); 32 and 64 keys ahead measured alike
+// (benchmarks/decode_attention.py, benchmarks.md 10n).
 inline void prefetch_rows(const Args& a, const char* cache, const int64_t* off, int n) {
   const int64_t row_bytes =
       static_cast<int64_t>(a.num_kv_heads) * a.head_dim * a.cache_elem_size;
   for (int t = 0; t < n; ++t) {
     const char* row = cache + off[t] * a.cache_elem_size;
-    for (int64_t b = 0; b < row_bytes; b += 64) {
-      _mm_prefetch(row + b, static_cast<_mm_hint>(Hint));
-    }
+    for (int64_t b = 0; b < row_bytes; b += 64) _mm_prefetch(row + b, _MM_HINT_T1);
   }
 }
 
@@ -185,12 +186,11 @@ void run_decode_item(const Args& a, const int32_t* it, Scratch& sc) {
     for (int t0 = 0; t0 < n; t0 += kVec) {
       const int nt = std::min(kVec, n - t0);
       const int64_t* off = sc.off.data() + t0;
-      if (t0 == 0) prefetch_rows<_MM_HINT_T0>(a, a.key_cache, off, std::min(n, kAhead));
+      if (t0 == 0) prefetch_rows(a, a.key_cache, off, std::min(n, kAhead));
       if (t0 + kAhead < n) {
-        prefetch_rows<_MM_HINT_T0>(a, a.key_cache, off + kAhead,
-                                   std::min(kVec, n - t0 - kAhead));
+        prefetch_rows(a, a.key_cache, off + kAhead, std::min(kVec, n - t0 - kAhead));
       }
-      prefetch_rows<_MM_HINT_T1>(a, a.value_cache, off, nt);
+      prefetch_rows(a, a.value_cache, off, nt);
       for (int h = 0; h < H; ++h) {
         const int r0 = h * G;
         float* scores = s + r0 * kDecodeKeys + t0;
