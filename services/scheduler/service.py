@@ -73,7 +73,7 @@ class SchedulerService(Service):
         self._last_progress = time.monotonic()
         self._num_steps = 0           # completed, for the heartbeat: gateways watch it move
         self._reset_worker_rows = True
-        self._losses_in_a_row = 0     # worker losses with no step completed in between
+        self._losses_in_a_row = 0     # worker restarts with no step completed in between
         self._last_step_done = 0.0    # perf_counter when the last step's result came back
         self.kv: KVConnectorRuntime | None = None   # kvstore loads / saves, KV events
 
@@ -233,8 +233,12 @@ class SchedulerService(Service):
         """Steps on the current worker until it is gone. Its requests then wait, preempted
         by recompute, for a worker to return, and resume there from their tokens so far."""
         assert self.worker is not None
+        lost: int | None = None   # the incarnation last lost
         while True:
             info = await self._wait_for_worker()
+            if lost is not None and info.incarnation != lost:
+                await self._count_restart()
+            lost = None
             await self._attach_worker(info)
             try:
                 await self._step_while_worker_unchanged(info.incarnation)
@@ -245,12 +249,18 @@ class SchedulerService(Service):
             except WorkerGone as exc:
                 self.log.warning("worker lost; its requests wait for it", error=str(exc))
             await self._send_held_finishes()
-            self._losses_in_a_row += 1
-            if self._losses_in_a_row >= _MAX_LOSSES_IN_A_ROW:
-                # NOTE: a request that crashes every worker it meets must not do so forever.
-                await self._fail_all("the engine's worker failed repeatedly; retry the request")
-                self._losses_in_a_row = 0
+            lost = info.incarnation
             self._on_worker_lost()
+
+    async def _count_restart(self) -> None:
+        """The worker came back as a new incarnation after a loss: it restarted, maybe
+        crashed by a request. NOTE: a request that crashes every worker it meets must not do
+        so forever; a loss the same incarnation survives (a NATS restart failing the step
+        calls while it lasts) is no crash and is not counted."""
+        self._losses_in_a_row += 1
+        if self._losses_in_a_row >= _MAX_LOSSES_IN_A_ROW:
+            await self._fail_all("the engine's worker failed repeatedly; retry the request")
+            self._losses_in_a_row = 0
 
     async def _wait_for_worker(self) -> wire.WorkerInfo:
         """The worker's info once it is ready. Requests held meanwhile wait at most
