@@ -49,7 +49,7 @@ class WorkerService(Service):
         self.log.info("loading model", model=str(files.source), dtype=self.settings.dtype)
         loop = asyncio.get_running_loop()
         self.runner = await loop.run_in_executor(
-            self._executor, partial(ModelRunner, self._runner_config(files.hf_dir),
+            self._executor, partial(ModelRunner, runner_config(self.settings, files.hf_dir),
                                     GrammarMetrics(self.registry), self.startup,
                                     EncoderCacheMetrics(self.registry)))
         with self.startup.phase("KV connector and grammar warm-up"):
@@ -71,23 +71,6 @@ class WorkerService(Service):
         await bus.serve(self.subjects.worker_info(self.settings.engine_id),
                         wire.WorkerInfoRequest, self.on_info_request)
         await bus.publish(self.subjects.worker_hello(self.settings.engine_id), self.worker_info())
-
-    def _runner_config(self, model_dir: Path) -> RunnerConfig:
-        s = self.settings
-        return RunnerConfig(
-            model_dir=model_dir, use_gguf_blocks=s.use_gguf_blocks, dtype=s.dtype,
-            quantization=s.quantization, kv_cache_dtype=s.kv_cache_dtype,
-            block_size=s.block_size, max_model_len=s.max_model_len or None,
-            kv_cache_memory=s.kv_cache_memory or None,
-            kv_cache_memory_fraction=s.kv_cache_memory_fraction,
-            gpu_memory_utilization=s.gpu_memory_utilization, device=s.device,
-            attention_backend=s.attention_backend, max_num_seqs=s.max_num_seqs,
-            max_num_batched_tokens=s.max_num_batched_tokens, seed=s.seed,
-            num_threads=s.num_threads or None, grammar_cache_size=s.grammar_cache_size,
-            speculative_config=s.speculative, tensor_parallel_size=s.tensor_parallel_size,
-            enable_lora=s.enable_lora, max_loras=s.max_loras, max_lora_rank=s.max_lora_rank,
-            max_cpu_loras=s.max_cpu_loras or None, encoder_cache_size=s.encoder_cache_size,
-            warm_up=True)
 
     def _kv_connector(self, runner: ModelRunner) -> WorkerKVConnector:
         s = self.settings
@@ -160,3 +143,21 @@ class WorkerService(Service):
         self._executor.shutdown(wait=True, cancel_futures=True)
         if self.runner is not None:
             self.runner.close()
+
+
+def runner_config(s: WorkerSettings, model_dir: Path) -> RunnerConfig:
+    """The model runner's configuration from the worker's settings."""
+    return RunnerConfig(
+        model_dir=model_dir, use_gguf_blocks=s.use_gguf_blocks, dtype=s.dtype,
+        quantization=s.quantization, kv_cache_dtype=s.kv_cache_dtype,
+        block_size=s.block_size, max_model_len=s.max_model_len or None,
+        kv_cache_memory=s.kv_cache_memory or None,
+        kv_cache_memory_fraction=s.kv_cache_memory_fraction,
+        gpu_memory_utilization=s.gpu_memory_utilization, device=s.device,
+        attention_backend=s.attention_backend, max_num_seqs=s.max_num_seqs,
+        max_num_batched_tokens=s.max_num_batched_tokens, seed=s.seed,
+        num_threads=s.num_threads or None, grammar_cache_size=s.grammar_cache_size,
+        speculative_config=s.speculative, tensor_parallel_size=s.tensor_parallel_size,
+        enable_lora=s.enable_lora, max_loras=s.max_loras, max_lora_rank=s.max_lora_rank,
+        max_cpu_loras=s.max_cpu_loras or None, encoder_cache_size=s.encoder_cache_size,
+        warm_up=True)
