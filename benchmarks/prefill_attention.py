@@ -3,8 +3,9 @@
 SmolLM2-135M's shapes (9 query heads, 3 KV heads, head_dim 64): one request whose chunk of
 new tokens attends to a cached prefix and to itself, as a prefill step's layer does. For each
 (prefix, new tokens) pair and dtype, the median ms of one layer's attention (the cache write
-included) over --repeats calls. On CPUs with AMX a bf16 chunk runs on its tiles
-(kernels/cpu/attention_prefill_amx.cpp); fp32, and bf16 elsewhere, on fp32 FMAs.
+included) over --repeats calls. A bf16 chunk runs in bf16 products where the CPU has them (AMX
+tiles, or AVX512-BF16 vectors: kernels/cpu/attention_prefill_bf16.cpp); fp32, and bf16 on
+other CPUs, on fp32 FMAs.
 """
 
 from __future__ import annotations

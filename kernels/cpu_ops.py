@@ -39,7 +39,7 @@ ENV_CPU_KERNELS = "LLM_MESH_CPU_KERNELS"  # "0": never build or use the C++ kern
 NAME = "llm_mesh_cpu_ops"
 SOURCE_DIR = Path(__file__).resolve().parent / "cpu"
 SOURCES = ("bindings.cpp", "attention_plan.cpp", "attention.cpp", "attention_decode.cpp",
-           "attention_prefill_amx.cpp",
+           "attention_prefill_bf16.cpp",
            "kv_cache.cpp", "layer_ops.cpp", "quant_linear.cpp", "quant_int8.cpp",
            "amx_linear.cpp")
 # NOTE: -ffp-contract=off keeps a * b + c as two roundings, as torch's elementwise ops round

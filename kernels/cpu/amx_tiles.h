@@ -1,4 +1,4 @@
-// What the AMX kernels (amx_linear.cpp, attention_prefill_amx.cpp) share: their tile shape.
+// What the AMX kernels (amx_linear.cpp, attention_prefill_bf16.cpp) share: their tile shape.
 #pragma once
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)

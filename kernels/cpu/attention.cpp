@@ -11,8 +11,9 @@
 //   one transpose tree (AVX-512; AVX2 sums each);
 // - R a multiple of kVec: Q transposed once per item, S[key][row], rows in lanes, so each
 //   score vector is D broadcast-FMAs with no horizontal sums.
-// All math is fp32; the softmax uses Sleef's 1-ulp exp (torch's own). Where the CPU has AMX,
-// bf16 prefill items run on its tiles instead (attention_prefill_amx.cpp).
+// All math is fp32; the softmax uses Sleef's 1-ulp exp (torch's own). Where the CPU multiplies
+// bf16 pairs (AMX or AVX512-BF16), bf16 prefill items run in bf16 products instead
+// (attention_prefill_bf16.cpp).
 // A sliding window (query at p sees keys p - window < j <= p): the plan starts each item's keys
 // at the first one its first row sees (a plan made for that window; with another, the loop
 // starts there anyway), later rows mask the keys before theirs. A soft-cap (Gemma 2) turns
@@ -149,8 +150,8 @@ void run_item(const Args& a, const int32_t* it, Scratch& sc) {
   const int rows = (it[kQEnd] - q0) * G;
   TORCH_CHECK(it[kReq] < a.bt_rows && it[kQEnd] <= a.num_tokens && rows > 0,
               "attention plan does not fit this step's tensors");
-  if (prefill_on_amx(a)) {
-    run_prefill_item_amx(a, it, sc);
+  if (prefill_in_bf16(a)) {
+    run_prefill_item_bf16(a, it, sc);
   } else {
     accumulate_item<NV>(a, it, sc);
   }

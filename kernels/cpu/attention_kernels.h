@@ -272,9 +272,9 @@ inline void start_rows(Scratch& sc, int rows, int rows_p, int d) {
 template <int NV>
 void run_decode_item(const Args& a, const int32_t* it, Scratch& sc);
 
-// A prefill item's accumulators on AMX tiles, where prefill_on_amx(a)
-// (attention_prefill_amx.cpp).
-bool prefill_on_amx(const Args& a);
-void run_prefill_item_amx(const Args& a, const int32_t* it, Scratch& sc);
+// A prefill item's accumulators in bf16 products (AMX tiles or AVX512-BF16), where
+// prefill_in_bf16(a) (attention_prefill_bf16.cpp).
+bool prefill_in_bf16(const Args& a);
+void run_prefill_item_bf16(const Args& a, const int32_t* it, Scratch& sc);
 
 }  // namespace mesh_cpu::attn
