@@ -561,3 +561,23 @@ def test_a_request_past_its_deadline_ends_with_an_error_and_frees_its_blocks() -
     scheduler.abort_requests(["other"], RequestStatus.FINISHED_ABORTED)
     step(scheduler, worker, run)              # the worker drops both rows
     assert scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == free_at_start
+
+
+def test_a_queued_request_keeps_its_cached_history_past_idle_caches() -> None:
+    # 20 usable blocks of 4 tokens. Two conversations ran and went idle, "old" first, so its
+    # cached blocks are the least recently used; then a long prompt and "old"'s next turn
+    # arrive together. The long prompt's 13 blocks take the 6 never used and 7 cached ones:
+    # by recency alone "old"'s, which its queued turn came back for.
+    scheduler, worker = make_scheduler(num_blocks=21)
+    history = prompt(24, seed=1)
+    scheduler.add_request(make_request("old", history, max_tokens=2))
+    run = run_until_done(scheduler, worker)
+    scheduler.add_request(make_request("idle", prompt(24, seed=2), max_tokens=2))
+    run_until_done(scheduler, worker, run)
+    long_prompt = prompt(52, seed=3)
+    next_turn = history + [1, 2, 3, 4, 5]
+    scheduler.add_request(make_request("long", long_prompt, max_tokens=2))
+    scheduler.add_request(make_request("turn", next_turn, max_tokens=2))
+    run_until_done(scheduler, worker, run)
+    assert run.finished["turn"].num_cached_tokens == 24
+    assert_matches_reference(run, {"long": (long_prompt, 2), "turn": (next_turn, 2)})

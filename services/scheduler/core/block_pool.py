@@ -74,6 +74,15 @@ class BlockPool:
                 remove(block)
             block.ref_cnt += 1
 
+    def refresh(self, prefix: Sequence[KVCacheBlock]) -> None:
+        """Moves the free blocks of `prefix` (leading blocks, in order) to the back of the
+        eviction order, as if just freed: its first block is evicted last."""
+        free = [block for block in prefix if block.ref_cnt == 0]
+        remove = self.free_block_queue.remove
+        for block in free:
+            remove(block)
+        self.free_block_queue.append_n(reversed(free))
+
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drops one reference from each block; those left unreferenced join the free queue in
         the given order (the first given is evicted first)."""

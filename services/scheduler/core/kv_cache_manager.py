@@ -90,6 +90,14 @@ class KVCacheManager:
             return self.empty_kv_cache_blocks, 0
         return KVCacheBlocks(computed), len(computed) * self.block_size
 
+    def keep_prefix(self, request: Request) -> None:
+        """The request joins the queue: the free blocks of its cached prefix go to the back
+        of the eviction order, so the history it came back for outlasts idle caches while it
+        waits (measured: turns queued 6-15 s behind a busy engine lost the history they were
+        routed to it for to the running requests' new blocks, docs/benchmarks.md 11j)."""
+        computed, _ = self.get_computed_blocks(request)
+        self.block_pool.refresh(computed.blocks)
+
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        new_computed_blocks: KVCacheBlocks | None = None,
                        num_new_computed_tokens: int = 0,

@@ -109,6 +109,7 @@ class Scheduler(KVLoading):
         self._handle_to_request[request.handle] = request
         self.waiting.add_request(request)
         self._num_waiting_tokens += request.num_tokens
+        self.kv_cache_manager.keep_prefix(request)
 
     def _check_fits(self, request: Request) -> None:
         check_fits(request, self.max_model_len, self.block_size,
