@@ -33,7 +33,9 @@ class FreeKVCacheBlockQueue:
       1. the least recently freed block comes first (LRU);
       2. blocks freed together keep the order they were given in; a request frees its blocks
          tail first, so its most specific blocks (unlikely to be shared) are evicted before
-         the prefix other requests may hit.
+         the prefix other requests may hit;
+      3. a request joining the queue moves the free blocks of its cached prefix to the back
+         (KVCacheManager.keep_prefix), so what it waits for goes last.
     A prefix-cache hit takes a free block out of the middle in O(1) (`remove`), which is why
     this is a linked list and not a deque. Sentinel head/tail nodes keep every operation
     branch-free.
