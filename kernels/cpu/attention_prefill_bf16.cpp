@@ -257,20 +257,30 @@ void p_times_v_by_vectors(const Buffers& b, int d, const BFloat16* p, float* o) 
   if (c0 < d) p_times_v_dims<2>(b.v.data(), d, c0, p, o);   // d % 32 == 0
 }
 
+// The row tile's scores, to s ([16 rows][64 keys]): on tiles where granted, else by vectors.
+void scores(const Buffers& b, int r0, int d, float* s, [[maybe_unused]] bool on_tiles) {
+#if defined(MESH_HAS_AMX)
+  if (on_tiles) return scores_on_tiles(b, r0, d, s);
+#endif
+  scores_by_vectors(b, r0, d, s);
+}
+
+// The row tile's P V, to o ([16 rows][D]): on tiles P as its two halves, by vectors p_hi.
+void p_times_v(const Buffers& b, int d, const BFloat16* p_hi,
+               [[maybe_unused]] const BFloat16* p_lo, float* o,
+               [[maybe_unused]] bool on_tiles) {
+#if defined(MESH_HAS_AMX)
+  if (on_tiles) return p_times_v_on_tiles(b, d, p_hi, p_lo, o);
+#endif
+  p_times_v_by_vectors(b, d, p_hi, o);
+}
+
 // One row tile over keys [c0, c0 + n): S, its masks and softmax, acc = acc * corr + P V.
 void row_tile_step(const Args& a, Buffers& b, Scratch& sc, int r0, int rows, int c0, int n,
                    int max_lo, bool on_tiles) {
   const int d = a.head_dim;
   float* s = sc.s.data();   // [16 rows][64 keys]
-#if defined(MESH_HAS_AMX)
-  if (on_tiles) {
-    scores_on_tiles(b, r0, d, s);
-  } else {
-    scores_by_vectors(b, r0, d, s);
-  }
-#else
-  scores_by_vectors(b, r0, d, s);
-#endif
+  scores(b, r0, d, s, on_tiles);
   // The scale, then -inf past each row's last visible key (keys past n are past every row's).
   for (int i = 0; i < rows; ++i) {
     const fVec limit(std::min(sc.pos[r0 + i], static_cast<float>(c0 + n - 1)));
@@ -299,15 +309,7 @@ void row_tile_step(const Args& a, Buffers& b, Scratch& sc, int r0, int rows, int
       }
     }
   }
-#if defined(MESH_HAS_AMX)
-  if (on_tiles) {
-    p_times_v_on_tiles(b, d, p_hi, p_lo, b.o.data());
-  } else {
-    p_times_v_by_vectors(b, d, p_hi, b.o.data());
-  }
-#else
-  p_times_v_by_vectors(b, d, p_hi, b.o.data());
-#endif
+  p_times_v(b, d, p_hi, p_lo, b.o.data(), on_tiles);
   for (int i = 0; i < rows; ++i) {
     float* acc = sc.acc.data() + static_cast<int64_t>(r0 + i) * d;
     const float* o = b.o.data() + static_cast<int64_t>(i) * d;
