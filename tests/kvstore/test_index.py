@@ -25,6 +25,14 @@ async def index(redis_server: EmbeddedRedis) -> AsyncIterator[KVIndex]:
     await kv_index.close()
 
 
+async def wait_until_gone(index: KVIndex, node_id: str, timeout_s: float = 10.0) -> None:
+    """Polls the index until the node's liveness key has expired."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while node_id in await index.live_nodes():
+        assert asyncio.get_running_loop().time() < deadline, f"{node_id} never expired"
+        await asyncio.sleep(0.05)
+
+
 async def test_put_spill_and_eviction_keep_the_index_true(index: KVIndex,
                                                           tmp_path: Path) -> None:
     items = blocks(4, size=1000)
@@ -48,7 +56,7 @@ async def test_put_spill_and_eviction_keep_the_index_true(index: KVIndex,
 async def test_a_prefix_spans_nodes_and_stops_at_a_dead_one(index: KVIndex) -> None:
     items = blocks(4)
     await index.register_node("node-a", "a:1", ttl_s=30)
-    await index.register_node("node-b", "b:1", ttl_s=0.5)
+    await index.register_node("node-b", "b:1", ttl_s=30)
     async with running_servicer(1 << 20, "node-a", index) as (_, address_a), \
             running_servicer(1 << 20, "node-b", index) as (_, address_b), \
             stub_for(address_a) as stub_a, stub_for(address_b) as stub_b:
@@ -57,7 +65,9 @@ async def test_a_prefix_spans_nodes_and_stops_at_a_dead_one(index: KVIndex) -> N
         hashes = [h for h, _ in items]
         assert await index.lookup_prefix(FP, hashes) == ["a:1", "a:1", "b:1", "b:1"]
         assert sorted(await index.live_nodes()) == ["node-a", "node-b"]
-        await asyncio.sleep(0.7)   # node-b's liveness key expires: its blocks are gone
+        # node-b stops renewing its liveness key; once it expires, its blocks are gone
+        await index.register_node("node-b", "b:1", ttl_s=0.2)
+        await wait_until_gone(index, "node-b")
         assert await index.lookup_prefix(FP, hashes) == ["a:1", "a:1"]
         assert await index.live_nodes() == {"node-a": "a:1"}
         assert await index.sweep_dead_nodes("node-a") == 2
@@ -88,7 +98,11 @@ async def test_a_read_refreshes_entries_and_never_recreates_a_lost_one(index: KV
 
 
 async def test_entries_expire_with_their_ttl(index: KVIndex) -> None:
-    await index.put_entries("node-a", FP, [(b"h" * 32, "cpu", 10, 123)], ttl_s=0.3)
+    loop = asyncio.get_running_loop()
+    put_at = loop.time()
+    await index.put_entries("node-a", FP, [(b"h" * 32, "cpu", 10, 123)], ttl_s=1.0)
     assert await index.get_entry(FP, b"h" * 32) is not None
-    await asyncio.sleep(0.5)
-    assert await index.get_entry(FP, b"h" * 32) is None
+    while await index.get_entry(FP, b"h" * 32) is not None:
+        assert loop.time() - put_at < 10.0, "the entry outlived its TTL"
+        await asyncio.sleep(0.05)
+    assert loop.time() - put_at >= 0.9   # it lived out its TTL, not less
