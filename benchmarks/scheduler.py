@@ -97,9 +97,11 @@ def bench_decode(num_running: int, steps: int, prompt_len: int, caching: bool,
 def bench_workload(caching: bool, num_requests: int, prompt_len: int, max_tokens: int,
                    hash_algo: str) -> tuple[float, int, int]:
     """Scheduler seconds (admission + schedule + update) for a 0%-hit workload."""
+    # Room for every running request: a preempted one would hit its own kept prefix.
+    num_blocks = 256 * -(-(prompt_len + max_tokens) // 16) + 1
     config = SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=2048,
                              max_model_len=prompt_len + max_tokens, enable_prefix_caching=caching,
-                             hash_algo=hash_algo, num_gpu_blocks=8192)
+                             hash_algo=hash_algo, num_gpu_blocks=max(8192, num_blocks))
     scheduler = Scheduler(config)
     rng = random.Random(1)
     prompts = [[rng.randrange(100, 30000) for _ in range(prompt_len)] for _ in range(num_requests)]

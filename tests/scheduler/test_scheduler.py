@@ -7,7 +7,7 @@ import pytest
 from services.common import wire
 from services.common.packing import pack_int32
 from services.scheduler.core import (AdmissionRejected, FinishReason, RequestStatus,
-                                     RequestTooLong, RunnerOutput)
+                                     RequestTooLong, RunnerOutput, Scheduler)
 from services.scheduler.step_codec import decode_step_output
 from tests.scheduler.fakes import (FakeWorker, ManualClock, Run, make_request, make_scheduler,
                                    reference_output, run_until_done, step)
@@ -290,6 +290,7 @@ def test_waiting_order_follows_the_policy(policy: str, expected: list[str]) -> N
     for i, (name, priority) in enumerate(zip("abcd", (3, 1, 2, 1))):
         scheduler.add_request(make_request(name, prompt(5, seed=i), max_tokens=2,
                                            priority=priority, arrival_time=float(i)))
+    assert [r.request_id for r in scheduler.waiting.head(3)] == expected[:3]
     run = run_until_done(scheduler, worker)
     started = [new.request_id for out in run.steps for new in out.new_requests]
     assert started == expected
@@ -563,21 +564,48 @@ def test_a_request_past_its_deadline_ends_with_an_error_and_frees_its_blocks() -
     assert scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == free_at_start
 
 
+HISTORY = prompt(24, seed=1)
+NEXT_TURN = HISTORY + [1, 2, 3, 4, 5]
+
+
+def queue_a_long_prompt_then_the_next_turn(scheduler: Scheduler, worker: FakeWorker, run: Run,
+                                           long_prompt: list[int],
+                                           ran_before: dict[str, tuple[list[int], int]]) -> None:
+    """The long prompt and the next turn of HISTORY arrive together and run; the turn must
+    find all of HISTORY still cached."""
+    scheduler.add_request(make_request("long", long_prompt, max_tokens=2))
+    scheduler.add_request(make_request("turn", NEXT_TURN, max_tokens=2))
+    run_until_done(scheduler, worker, run)
+    assert run.finished["turn"].num_cached_tokens == 24
+    assert_matches_reference(run, {**ran_before, "long": (long_prompt, 2),
+                                   "turn": (NEXT_TURN, 2)})
+
+
 def test_a_queued_request_keeps_its_cached_history_past_idle_caches() -> None:
     # 20 usable blocks of 4 tokens. Two conversations ran and went idle, "old" first, so its
     # cached blocks are the least recently used; then a long prompt and "old"'s next turn
     # arrive together. The long prompt's 13 blocks take the 6 never used and 7 cached ones:
     # by recency alone "old"'s, which its queued turn came back for.
     scheduler, worker = make_scheduler(num_blocks=21)
-    history = prompt(24, seed=1)
-    scheduler.add_request(make_request("old", history, max_tokens=2))
+    scheduler.add_request(make_request("old", HISTORY, max_tokens=2))
     run = run_until_done(scheduler, worker)
     scheduler.add_request(make_request("idle", prompt(24, seed=2), max_tokens=2))
     run_until_done(scheduler, worker, run)
-    long_prompt = prompt(52, seed=3)
-    next_turn = history + [1, 2, 3, 4, 5]
-    scheduler.add_request(make_request("long", long_prompt, max_tokens=2))
-    scheduler.add_request(make_request("turn", next_turn, max_tokens=2))
-    run_until_done(scheduler, worker, run)
-    assert run.finished["turn"].num_cached_tokens == 24
-    assert_matches_reference(run, {"long": (long_prompt, 2), "turn": (next_turn, 2)})
+    queue_a_long_prompt_then_the_next_turn(scheduler, worker, run, prompt(52, seed=3), {})
+
+
+def test_a_queued_request_keeps_its_cached_history_past_caches_freed_while_it_waits() -> None:
+    # 20 usable blocks of 4 tokens, one request at a time. "old" ran and went idle (7 cached
+    # blocks, 13 never used); "busy" takes 9 of the unused ones. While it runs, a long prompt
+    # and "old"'s next turn queue behind it. When "busy" finishes its blocks queue behind
+    # "old"'s history; the long prompt's 12 blocks would then take all 4 unused blocks and
+    # "old"'s 7 if the queued turn's prefix were not moved behind them again.
+    scheduler, worker = make_scheduler(num_blocks=21, max_num_seqs=1)
+    scheduler.add_request(make_request("old", HISTORY, max_tokens=2))
+    run = run_until_done(scheduler, worker)
+    busy_prompt = prompt(32, seed=2)
+    scheduler.add_request(make_request("busy", busy_prompt, max_tokens=3))
+    step(scheduler, worker, run)
+    assert scheduler.num_running == 1
+    queue_a_long_prompt_then_the_next_turn(scheduler, worker, run, prompt(44, seed=3),
+                                           {"busy": (busy_prompt, 3)})

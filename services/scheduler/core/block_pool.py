@@ -47,6 +47,8 @@ class BlockPool:
         self.enable_eviction_records = enable_eviction_records
         self._kv_event_queue: list[KVCacheEvent] = []
         self._evicted_blocks: list[tuple[int, BlockHash]] = []
+        self.num_frees = 0
+        """Calls of free_blocks that queued a block: the eviction order changed at its back."""
 
     # ---- allocate / touch / free ------------------------------------------------------
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
@@ -91,7 +93,9 @@ class BlockPool:
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 freed.append(block)
-        self.free_block_queue.append_n(freed)
+        if freed:
+            self.free_block_queue.append_n(freed)
+            self.num_frees += 1
 
     # ---- prefix cache -----------------------------------------------------------------
     def cache_full_blocks(self, request: Request, blocks: Sequence[KVCacheBlock],

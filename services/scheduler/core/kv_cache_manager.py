@@ -56,6 +56,7 @@ class KVCacheManager:
         self.num_cached_block: dict[str, int] = {}
         self.prefix_cache_stats = PrefixCacheStats()
         self.empty_kv_cache_blocks = KVCacheBlocks(())
+        self._num_frees_kept = 0   # block_pool.num_frees at the last keep_prefixes
 
     @property
     def num_usable_blocks(self) -> int:
@@ -97,6 +98,18 @@ class KVCacheManager:
         routed to it for to the running requests' new blocks, docs/benchmarks.md 11j)."""
         computed, _ = self.get_computed_blocks(request)
         self.block_pool.refresh(computed.blocks)
+
+    def keep_prefixes(self, next_in_line: Sequence[Request]) -> None:
+        """keep_prefix again for the requests next in line (the first runs first, so its
+        prefix goes last), once blocks freed since the last call have queued behind them:
+        finished requests' caches are evicted before the history a queued turn waits for.
+        Free between frees: nothing else reorders the back of the queue."""
+        pool = self.block_pool
+        if pool.num_frees == self._num_frees_kept:
+            return
+        self._num_frees_kept = pool.num_frees
+        for request in reversed(next_in_line):
+            self.keep_prefix(request)
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        new_computed_blocks: KVCacheBlocks | None = None,

@@ -35,7 +35,8 @@ class FreeKVCacheBlockQueue:
          tail first, so its most specific blocks (unlikely to be shared) are evicted before
          the prefix other requests may hit;
       3. a request joining the queue moves the free blocks of its cached prefix to the back
-         (KVCacheManager.keep_prefix), so what it waits for goes last.
+         (KVCacheManager.keep_prefix), and the requests next in line do so again once other
+         blocks are freed behind them (keep_prefixes), so what they wait for goes last.
     A prefix-cache hit takes a free block out of the middle in O(1) (`remove`), which is why
     this is a linked list and not a deque. Sentinel head/tail nodes keep every operation
     branch-free.

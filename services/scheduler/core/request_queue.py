@@ -8,6 +8,7 @@ who runs first also decides who is preempted last.
 from __future__ import annotations
 
 import heapq
+import itertools
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -33,6 +34,10 @@ class RequestQueue(ABC):
     @abstractmethod
     def prepend_request(self, request: Request) -> None:
         """A preempted request goes back where it runs as soon as blocks allow."""
+
+    @abstractmethod
+    def head(self, n: int) -> list[Request]:
+        """The n requests next in line, the first first."""
 
     @abstractmethod
     def remove_requests(self, requests: Iterable[Request]) -> None: ...
@@ -69,6 +74,9 @@ class FCFSRequestQueue(RequestQueue):
     def prepend_request(self, request: Request) -> None:
         self._queue.appendleft(request)
 
+    def head(self, n: int) -> list[Request]:
+        return list(itertools.islice(self._queue, n))
+
     def remove_requests(self, requests: Iterable[Request]) -> None:
         doomed = set(map(id, requests))
         self._queue = deque(r for r in self._queue if id(r) not in doomed)
@@ -103,6 +111,9 @@ class PriorityRequestQueue(RequestQueue):
 
     def prepend_request(self, request: Request) -> None:
         self.add_request(request)
+
+    def head(self, n: int) -> list[Request]:
+        return [entry[-1] for entry in heapq.nsmallest(n, self._heap)]
 
     def remove_requests(self, requests: Iterable[Request]) -> None:
         doomed = set(map(id, requests))

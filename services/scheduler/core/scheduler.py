@@ -42,6 +42,9 @@ from services.scheduler.core.stop_checker import append_output_tokens
 
 _INT32_MAX = 2**31 - 1
 RUNNING = RequestStatus.RUNNING
+# The queued requests whose cached prefixes each step keeps behind newly freed blocks: those
+# next in line (deeper ones keep the place their arrival gave them). Bounds the per-step cost.
+NUM_WAITING_PREFIXES_KEPT = 8
 
 
 class Scheduler(KVLoading):
@@ -139,6 +142,8 @@ class Scheduler(KVLoading):
         # Counts move on as the step is built (step_tokens.py): async scheduling builds the
         # next step before this one's tokens are back.
         plan = StepPlan(self.max_num_batched_tokens)
+        if self.waiting:
+            self.kv_cache_manager.keep_prefixes(self.waiting.head(NUM_WAITING_PREFIXES_KEPT))
         self._schedule_running(plan)
         if not plan.num_preempted:
             self._schedule_waiting(plan)
