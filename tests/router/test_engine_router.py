@@ -116,13 +116,17 @@ def test_a_session_sticks_then_spills_past_the_busy_threshold() -> None:
     kept = kv.route([engine("e0", kv_cache_usage=0.4), engine("e1")], tokens(12),
                     session_id="s")
     assert kept.engine.engine_id == "e0" and kept.reason == "session"
+    # Both past the threshold: moving would lose the history and gain nothing.
+    stayed = kv.route([engine("e0", kv_cache_usage=0.6), engine("e1", kv_cache_usage=0.7)],
+                      tokens(13), session_id="s")
+    assert stayed.engine.engine_id == "e0" and stayed.reason == "session"
     spilled = kv.route([engine("e0", kv_cache_usage=0.6), engine("e1")], tokens(13),
                        session_id="s")
     assert spilled.engine.engine_id == "e1" and spilled.reason == "session_spill"
     assert kv.sessions.get("s") == "e1"
     assert registry.get_sample_value("llm_mesh:router_session_spills_total") == 1
     assert registry.get_sample_value("llm_mesh:router_decisions_total",
-                                     {"reason": "session"}) == 1
+                                     {"reason": "session"}) == 2
 
 
 def test_least_loaded_and_round_robin_modes_ignore_sessions() -> None:

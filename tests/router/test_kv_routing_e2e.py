@@ -35,7 +35,7 @@ TOPICS = ["the history of the printing press", "how bread rises",
 @dataclass
 class RouterMesh:
     mesh: Mesh
-    spill_url: str    # a second gateway whose sessions spill at once (any KV use is busy)
+    spill_url: str    # a second gateway whose sessions spill early (1% of KV in use is busy)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def router_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterMesh
         mesh.add_engine("engine-1", scheduler_args=EVENTS + ONE_AT_A_TIME,
                         worker_args=ONE_AT_A_TIME)
         mesh.add_service("gateway-spill", ["--port", str(spill_port),
-                                           "--router-session-busy-threshold", "0"],
+                                           "--router-session-busy-threshold", "0.01"],
                          kind="gateway")
 
     with serving(Mesh(Path(tmp_path_factory.mktemp("router")), namespace="router",
@@ -96,6 +96,16 @@ def turn(client: openai.OpenAI, messages: list[dict[str, str]],
     assert usage is not None and usage.prompt_tokens_details is not None
     return (reply.choices[0].message.content or "", usage.prompt_tokens,
             usage.prompt_tokens_details.cached_tokens or 0)
+
+
+def long_answer(client: openai.OpenAI, session: str, num_tokens: int) -> int:
+    """A story of exactly num_tokens in the session; returns the tokens it got."""
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Write a long story."}],
+        max_tokens=num_tokens, temperature=0,
+        extra_body={"prompt_cache_key": session, "ignore_eos": True})
+    assert reply.usage is not None
+    return reply.usage.completion_tokens
 
 
 def router_caught_up(mesh: Mesh) -> None:
@@ -175,14 +185,22 @@ def test_a_session_sticks_to_its_engine_and_spills_past_the_threshold(
     counts = served_since(mesh, before, len(TOPICS))
     assert sorted(counts) == [0, len(TOPICS)], counts
 
+    # The second gateway calls an engine busy once 1% of its KV is in use: a long answer of
+    # the session holds its engine past that while the session's next turn arrives.
     spiller = client_for(spill_url)
-    spills = metric_at(spill_url, "llm_mesh:router_session_spills_total")
-    engines_used = []
-    for question in ("A first question.", "A second question."):
+    turn(spiller, [{"role": "user", "content": "A first question."}], session="s-2")
+    with ThreadPoolExecutor(1) as pool:
+        long = pool.submit(long_answer, spiller, "s-2", 600)
+        poll(lambda: max(metric_samples(spill_url, "vllm:kv_cache_usage_perc")) >= 0.01, 60,
+             "the spilling gateway to see the long answer's engine busy")
+        holding = [s for s in SCHEDULERS
+                   if mesh.scheduler_metric("vllm:num_requests_running", s) == 1]
+        spills = metric_at(spill_url, "llm_mesh:router_session_spills_total")
         before = served(mesh)
-        turn(spiller, [{"role": "user", "content": question}], session="s-2")
-        engines_used += [s for s, n in zip(SCHEDULERS, served_since(mesh, before, 1)) if n]
-    assert len(engines_used) == 2 and engines_used[0] != engines_used[1], engines_used
+        turn(spiller, [{"role": "user", "content": "A second question."}], session="s-2")
+        served_by = [s for s, n in zip(SCHEDULERS, served_since(mesh, before, 1)) if n]
+        assert long.result(timeout=300) == 600
+    assert len(holding) == 1 and served_by != holding, (holding, served_by)
     assert metric_at(spill_url, "llm_mesh:router_session_spills_total") == spills + 1
 
 
@@ -194,18 +212,22 @@ def test_a_request_queued_behind_a_busy_engine_moves_to_an_idle_one(
     # The session holds one engine with a long answer; its next request queues behind it.
     turn(client, [{"role": "user", "content": "Hello."}], session="q")
     with ThreadPoolExecutor(2) as pool:
-        long = pool.submit(lambda: client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "Write a long story."}],
-            max_tokens=400, temperature=0, extra_body={"prompt_cache_key": "q",
-                                                       "ignore_eos": True}))
+        long = pool.submit(long_answer, client, "q", 400)
         poll(lambda: sum(mesh.scheduler_metric("vllm:num_requests_running", s)
                          for s in SCHEDULERS) == 1, 30, "the long answer to run")
         short = pool.submit(turn, client, [{"role": "user", "content": "A short one."}], "q")
         answer, _, _ = short.result(timeout=120)
         assert answer and not long.done(), "the queued request waited for the long one"
-        assert long.result(timeout=300).usage.completion_tokens == 400
+        assert long.result(timeout=300) == 400
     assert metric_at(mesh.base_url, "llm_mesh:request_migrations_total",
                      outcome="moved") == moved + 1
+
+
+def metric_samples(base_url: str, name: str) -> list[float]:
+    """Every sample of a gateway's metric (each engine's, for the engines' gauges)."""
+    _, body = http_get(f"{base_url}/metrics")
+    return [sample.value for family in text_string_to_metric_families(body.decode())
+            for sample in family.samples if sample.name == name] or [0.0]
 
 
 def metric_at(base_url: str, name: str, **labels: str) -> float:
