@@ -120,13 +120,16 @@ def test_a_session_sticks_then_spills_past_the_busy_threshold() -> None:
     stayed = kv.route([engine("e0", kv_cache_usage=0.6), engine("e1", kv_cache_usage=0.7)],
                       tokens(13), session_id="s")
     assert stayed.engine.engine_id == "e0" and stayed.reason == "session"
+    queueing = dataclasses.replace(engine("e1"), num_waiting=1)   # its KV is free, not it
+    assert kv.route([engine("e0", kv_cache_usage=0.6), queueing], tokens(13),
+                    session_id="s").engine.engine_id == "e0"
     spilled = kv.route([engine("e0", kv_cache_usage=0.6), engine("e1")], tokens(13),
                        session_id="s")
     assert spilled.engine.engine_id == "e1" and spilled.reason == "session_spill"
     assert kv.sessions.get("s") == "e1"
     assert registry.get_sample_value("llm_mesh:router_session_spills_total") == 1
     assert registry.get_sample_value("llm_mesh:router_decisions_total",
-                                     {"reason": "session"}) == 2
+                                     {"reason": "session"}) == 3
 
 
 def test_least_loaded_and_round_robin_modes_ignore_sessions() -> None:

@@ -14,10 +14,10 @@ Modes (`--router-mode`):
 Sessions (kv mode; the other two are the plain baselines): a request naming a session (the
 `prompt_cache_key` body field, OpenAI's name, or an `x-session-id` header) goes where its
 session went last, unless that engine is past `--router-session-busy-threshold` of its KV
-cache and another is not: it then spills to the router's choice among those under the
-threshold, which becomes the session's engine. A new
-session's choice also counts, on each engine, the histories of the live sessions it holds
-(session_table.py), so conversations spread by the KV they will need.
+cache and another has room (under the threshold, nothing queued): it then spills to the
+router's choice among those, which becomes the session's engine. A new session's choice
+also counts, on each engine, the histories of the live sessions it holds (session_table.py),
+so conversations spread by the KV they will need.
 """
 
 from __future__ import annotations
@@ -169,11 +169,12 @@ class EngineRouter:
             held = next((e for e in engines if e.engine_id == engine_id), None)
             if held is None:   # a new session, or its engine is gone
                 return self._kv_route(engines, token_ids, prefix_key, new_session=True)
-            # It spills only to an engine under the threshold: one as busy would cost the
-            # session its history and gain it nothing (measured: a turn spilled to an engine
-            # as full as its own waited 7.5 s there and recomputed 3k tokens, benchmarks 11k).
+            # It spills only to an engine with room (under the threshold, nothing queued):
+            # one as busy would cost the session its history and gain it nothing (measured:
+            # turns spilled to a queueing engine waited 7.5 s there and recomputed 3k tokens
+            # of history, docs/benchmarks.md 11k).
             others = [e for e in engines
-                      if e is not held and e.kv_cache_usage < self._busy_threshold]
+                      if e is not held and e.has_room(self._busy_threshold)]
             if held.kv_cache_usage < self._busy_threshold or not others:
                 return self._kv_route(engines, token_ids, prefix_key, only=held,
                                       reason="session")

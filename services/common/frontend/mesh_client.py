@@ -278,7 +278,7 @@ class MeshClient:
             engines = self._view.candidate_engines(generation.model)
             here = next((e for e in engines if e.engine_id == generation.engine_id), None)
             with_room = [e for e in engines if e.engine_id != generation.engine_id
-                         and e.can_start_another and e.kv_cache_usage < busy_threshold]
+                         and e.has_room(busy_threshold)]
             if here is None or here.num_waiting == 0 or len(with_room) <= moved:
                 continue
             assert generation.request is not None   # is_movable

@@ -58,6 +58,11 @@ class EngineView:
         return self.num_waiting == 0 and (self.max_num_seqs == 0
                                           or self.num_running < self.max_num_seqs)
 
+    def has_room(self, busy_threshold: float) -> bool:
+        """A request sent now would run at once, in a KV cache under busy_threshold (0..1):
+        where a session may spill and a queued request may move."""
+        return self.can_start_another and self.kv_cache_usage < busy_threshold
+
     @property
     def load(self) -> float:
         return self.num_running + self.num_waiting + self.in_flight_here
