@@ -185,7 +185,8 @@ class RouterMetrics:
             registry=registry)
         self.session_spills = Counter(
             "llm_mesh:router_session_spills", "Session requests sent away from their engine "
-            "because it was past --router-session-busy-threshold", registry=registry)
+            "because it was past --router-session-busy-threshold, or queueing without most "
+            "of their history", registry=registry)
         self.index_blocks = Gauge("llm_mesh:router_index_blocks",
                                   "Blocks in the router's prefix index", registry=registry)
         self.sessions = Gauge("llm_mesh:router_sessions", "Sessions the router keeps",

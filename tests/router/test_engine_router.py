@@ -132,6 +132,29 @@ def test_a_session_sticks_then_spills_past_the_busy_threshold() -> None:
                                      {"reason": "session"}) == 3
 
 
+def test_a_session_leaves_a_queueing_engine_that_evicted_its_history() -> None:
+    kv = router()
+    kv.index.apply("sched-e0", CLEARED)
+    kv.index.apply("sched-e1", CLEARED)
+    history = tokens(14)
+    assert kv.route([engine("e0"), engine("e1")], history, session_id="s").engine.engine_id \
+        == "e0"
+    kv.index.apply("sched-e0", stored(history))
+    next_turn = np.concatenate([history, tokens(15, 2 * BLOCK_SIZE)])
+    queueing = dataclasses.replace(engine("e0", num_running=1), num_waiting=2)
+    # It still holds the history: the turn waits for it there.
+    kept = kv.route([queueing, engine("e1")], next_turn, session_id="s")
+    assert kept.engine.engine_id == "e0" and kept.reason == "session"
+    # The back half of the history evicted (tail first): an idle engine does better.
+    evicted = BlockHasher(BLOCK_SIZE).hash_blocks(history)[4:]
+    kv.index.apply("sched-e0", [wire.KvEvent(removed=wire.BlockRemoved(block_hashes=evicted))])
+    assert kv.route([engine("e0"), engine("e1")], next_turn,
+                    session_id="s").engine.engine_id == "e0"    # not while e0 has room
+    moved = kv.route([queueing, engine("e1")], next_turn, session_id="s")
+    assert moved.engine.engine_id == "e1" and moved.reason == "session_spill"
+    assert kv.sessions.get("s") == "e1"
+
+
 def test_least_loaded_and_round_robin_modes_ignore_sessions() -> None:
     engines = [engine("e0", num_running=3), engine("e1"), engine("e2", num_running=1)]
     least = router(RouterMode.LEAST_LOADED)

@@ -14,8 +14,9 @@ Modes (`--router-mode`):
 Sessions (kv mode; the other two are the plain baselines): a request naming a session (the
 `prompt_cache_key` body field, OpenAI's name, or an `x-session-id` header) goes where its
 session went last, unless that engine is past `--router-session-busy-threshold` of its KV
-cache and another has room (under the threshold, nothing queued): it then spills to the
-router's choice among those, which becomes the session's engine. A new session's choice
+cache, or is queueing and holds at most half of the session's last prompt, and another has
+room (under the threshold, nothing queued): it then spills to the router's choice among
+those, which becomes the session's engine. A new session's choice
 also counts, on each engine, the histories of the live sessions it holds (session_table.py),
 so conversations spread by the KV they will need.
 """
@@ -68,6 +69,7 @@ class Route:
     num_pending_blocks: int = 0        # counted on the engine until the first token
     num_prompt_blocks: int = 0
     block_size: int = 16
+    history_probe: bytes = b""         # the prompt's middle block (SessionTable.bind)
     settled: bool = field(default=False, repr=False)
     released: bool = field(default=False, repr=False)
 
@@ -108,7 +110,8 @@ class EngineRouter:
         prompt's blocks are hashed as the engines hash them (salt and LoRA adapter)."""
         route = self._choose(engines, token_ids, (cache_salt, lora_id, mm_spans), session_id)
         if session_id and self.mode is RouterMode.KV:
-            self.sessions.bind(session_id, route.engine.engine_id, route.num_prompt_blocks)
+            self.sessions.bind(session_id, route.engine.engine_id, route.num_prompt_blocks,
+                               route.history_probe)
         engine_id = route.engine.engine_id
         self._pending_blocks[engine_id] = (self._pending_blocks.get(engine_id, 0)
                                            + route.num_pending_blocks)
@@ -172,10 +175,14 @@ class EngineRouter:
             # It spills only to an engine with room (under the threshold, nothing queued):
             # one as busy would cost the session its history and gain it nothing (measured:
             # turns spilled to a queueing engine waited 7.5 s there and recomputed 3k tokens
-            # of history, docs/benchmarks.md 11k).
+            # of history, docs/benchmarks.md 11k). A queueing engine that has evicted most of
+            # the history holds nothing worth the wait (measured: such turns queued 3-10 s
+            # to recompute it there while the other engine idled, 11k).
             others = [e for e in engines
                       if e is not held and e.has_room(self._busy_threshold)]
-            if held.kv_cache_usage < self._busy_threshold or not others:
+            if not others or not (held.kv_cache_usage >= self._busy_threshold
+                                  or (not held.can_start_another
+                                      and self._history_lost(held, session_id))):
                 return self._kv_route(engines, token_ids, prefix_key, only=held,
                                       reason="session")
             if self._metrics is not None:
@@ -210,7 +217,14 @@ class EngineRouter:
         if not self.index.knows(chosen.scheduler_id):
             self.approximate.record(chosen.engine_id, hashes)
         return Route(chosen, reason, num_overlap * block_size,
-                     num_prompt_blocks - num_overlap, num_prompt_blocks, block_size)
+                     num_prompt_blocks - num_overlap, num_prompt_blocks, block_size,
+                     hashes[len(hashes) // 2] if hashes else b"")
+
+    def _history_lost(self, engine: EngineView, session_id: str) -> bool:
+        """The engine no longer holds the middle block of the session's last prompt: at
+        most half of that history is left there."""
+        probe = self.sessions.probe(session_id)
+        return bool(probe) and not self._overlaps([engine], [probe])[engine.engine_id]
 
     def _least_busy_with_sessions(self, engines: Sequence[EngineView]) -> list[EngineView]:
         """Where a new session may go: of the engines under the busy threshold, those serving

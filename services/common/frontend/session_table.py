@@ -24,6 +24,7 @@ class _Session:
     engine_id: str
     seen_at: float
     num_blocks: int
+    probe: bytes   # the hash of the middle block of its last prompt (b"": none)
 
 
 class SessionTable:
@@ -48,16 +49,25 @@ class SessionTable:
             return None
         return entry.engine_id
 
-    def bind(self, session_id: str, engine_id: str, num_blocks: int = 0) -> None:
-        """The session's latest turn went to `engine_id` with a prompt of `num_blocks`."""
+    def bind(self, session_id: str, engine_id: str, num_blocks: int = 0,
+             probe: bytes = b"") -> None:
+        """The session's latest turn went to `engine_id` with a prompt of `num_blocks`, the
+        middle one of which hashes to `probe`: while the engine holds that block, it holds
+        at least half of the history (blocks are evicted tail first)."""
         old = self._entries.pop(session_id, None)
         if old is not None:
             self._count(old, -1)
-        entry = self._entries[session_id] = _Session(engine_id, self._clock(), num_blocks)
+        entry = self._entries[session_id] = _Session(engine_id, self._clock(), num_blocks,
+                                                     probe)
         self._count(entry, 1)
         while len(self._entries) > self._max_entries:
             self._count(self._entries.popitem(last=False)[1], -1)
         self._expire()
+
+    def probe(self, session_id: str) -> bytes:
+        """The session's probe block hash (bind); b"" for none or an unknown session."""
+        entry = self._entries.get(session_id)
+        return entry.probe if entry is not None else b""
 
     def num_blocks_on(self, engine_id: str) -> int:
         """KV blocks of the live sessions bound to the engine: what they will come back for."""
