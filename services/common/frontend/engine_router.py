@@ -16,9 +16,9 @@ Sessions (kv mode; the other two are the plain baselines): a request naming a se
 session went last, unless that engine is past `--router-session-busy-threshold` of its KV
 cache, or is queueing and holds at most half of the session's last prompt, and another has
 room (under the threshold, nothing queued): it then spills to the router's choice among
-those, which becomes the session's engine. A new session's choice
-also counts, on each engine, the histories of the live sessions it holds (session_table.py),
-so conversations spread by the KV they will need.
+those, which becomes the session's engine. A new session's choice also counts, on each
+engine, the histories of the live sessions it holds (session_table.py), so conversations
+spread by the KV they will need.
 """
 
 from __future__ import annotations
@@ -175,14 +175,10 @@ class EngineRouter:
             # It spills only to an engine with room (under the threshold, nothing queued):
             # one as busy would cost the session its history and gain it nothing (measured:
             # turns spilled to a queueing engine waited 7.5 s there and recomputed 3k tokens
-            # of history, docs/benchmarks.md 11k). A queueing engine that has evicted most of
-            # the history holds nothing worth the wait (measured: such turns queued 3-10 s
-            # to recompute it there while the other engine idled, 11k).
+            # of history, docs/benchmarks.md 11k).
             others = [e for e in engines
                       if e is not held and e.has_room(self._busy_threshold)]
-            if not others or not (held.kv_cache_usage >= self._busy_threshold
-                                  or (not held.can_start_another
-                                      and self._history_lost(held, session_id))):
+            if not others or not self._should_leave(held, session_id):
                 return self._kv_route(engines, token_ids, prefix_key, only=held,
                                       reason="session")
             if self._metrics is not None:
@@ -220,11 +216,17 @@ class EngineRouter:
                      num_prompt_blocks - num_overlap, num_prompt_blocks, block_size,
                      hashes[len(hashes) // 2] if hashes else b"")
 
-    def _history_lost(self, engine: EngineView, session_id: str) -> bool:
-        """The engine no longer holds the middle block of the session's last prompt: at
-        most half of that history is left there."""
+    def _should_leave(self, held: EngineView, session_id: str) -> bool:
+        """The session's engine is past the busy threshold, or queueing and no longer
+        holding the middle block of the session's last prompt: at most half of that history
+        is left there, not worth the wait (measured: such turns queued 3-10 s to recompute
+        it while the other engine idled, docs/benchmarks.md 11k)."""
+        if held.kv_cache_usage >= self._busy_threshold:
+            return True
+        if held.can_start_another:
+            return False
         probe = self.sessions.probe(session_id)
-        return bool(probe) and not self._overlaps([engine], [probe])[engine.engine_id]
+        return bool(probe) and not self._overlaps([held], [probe])[held.engine_id]
 
     def _least_busy_with_sessions(self, engines: Sequence[EngineView]) -> list[EngineView]:
         """Where a new session may go: of the engines under the busy threshold, those serving

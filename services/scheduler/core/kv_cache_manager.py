@@ -103,7 +103,7 @@ class KVCacheManager:
         """keep_prefix again for the requests next in line (the first runs first, so its
         prefix goes last), once blocks freed since the last call have queued behind them:
         finished requests' caches are evicted before the history a queued turn waits for.
-        Free between frees: nothing else reorders the back of the queue."""
+        Between frees it does nothing: only a free queues blocks behind them."""
         pool = self.block_pool
         if pool.num_frees == self._num_frees_kept:
             return
