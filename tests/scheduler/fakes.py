@@ -27,6 +27,11 @@ def reference_output(prompt: Sequence[int], max_tokens: int,
     return tokens[len(prompt):]
 
 
+def prompt(length: int, seed: int = 0) -> list[int]:
+    """A deterministic prompt of `length` tokens; seeds give different ones."""
+    return [(seed * 7 + i * 3) % 50 + 10 for i in range(length)]
+
+
 class ManualClock:
     def __init__(self) -> None:
         self.now = 0.0
@@ -188,6 +193,12 @@ def run_until_done(scheduler: Scheduler, worker: FakeWorker, run: Run | None = N
     manager = scheduler.kv_cache_manager
     assert manager.num_free_blocks == manager.num_usable_blocks, "blocks leaked"
     return run
+
+
+def assert_matches_reference(run: Run, requests: dict[str, tuple[list[int], int]]) -> None:
+    """Each request's output is the plain greedy reference's for its prompt."""
+    for request_id, (tokens, max_tokens) in requests.items():
+        assert run.outputs[request_id] == reference_output(tokens, max_tokens), request_id
 
 
 def check_kv_cache_manager(manager: KVCacheManager) -> None:
