@@ -95,16 +95,18 @@ def test_scheduler_killed_mid_generation_moves_requests_to_the_other_engine(
     finished_on_survivor = metric(fault_mesh, survivor, "vllm:request_success_total")
     fault_mesh.services[scheduler].stop(signal.SIGKILL)     # that engine is gone
     killed = time.monotonic()
-    results = streams.finish(RECOVERY_BOUND_S)
-    assert [r.outcome() for r in results] == ["completed (length)"] * len(results)
-    assert [r.text for r in results] == reference      # no duplicated or missing text
-    num_moved = gateway_metric(fault_mesh, "llm_mesh:request_migrations_total",
-                               outcome="moved") - moved
-    assert num_moved >= num_held >= 1
-    assert metric(fault_mesh, survivor, "vllm:request_success_total") \
-        - finished_on_survivor >= num_held
+    try:
+        results = streams.finish(RECOVERY_BOUND_S)
+        assert [r.outcome() for r in results] == ["completed (length)"] * len(results)
+        assert [r.text for r in results] == reference      # no duplicated or missing text
+        num_moved = gateway_metric(fault_mesh, "llm_mesh:request_migrations_total",
+                                   outcome="moved") - moved
+        assert num_moved >= num_held >= 1
+        assert metric(fault_mesh, survivor, "vllm:request_success_total") \
+            - finished_on_survivor >= num_held
+    finally:   # the next tests share this mesh: it must be whole again, pass or fail
+        fault_mesh.restart(scheduler)
     # The restarted scheduler rejoins; its worker (never restarted) serves it again.
-    fault_mesh.restart(scheduler)
     rejoined = wait_whole(fault_mesh)
     assert {k: v for k, v in pids(fault_mesh).items() if k != scheduler} == others
     generated = metric(fault_mesh, scheduler, "vllm:generation_tokens_total")
