@@ -182,7 +182,7 @@ class SchedulerService(Service):
         self.tokenizer_of[message.request_id] = message.tokenizer_id
         self.request_id_of_handle[request.handle] = message.request_id
         self._has_work.set()
-        return wire.SubmitReply(accepted=True)
+        return wire.SubmitReply(accepted=True, scheduler_id=self.instance_id)
 
     def _make_request(self, message: wire.GenerateRequest) -> Request:
         assert self.scheduler is not None and self.worker is not None

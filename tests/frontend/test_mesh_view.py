@@ -57,3 +57,20 @@ def test_a_preferred_engine_is_picked_while_it_is_a_candidate() -> None:
     assert view.pick_engine("m", ["e0"], prefer="e0").engine_id == "e1"
     assert view.pick_engine("m", prefer="e9").engine_id == "e1"
     assert view.pick_engine("m", needs_lora=True, prefer="e0") is None
+
+
+def test_a_restarted_scheduler_replaces_its_old_instance_before_the_sweep() -> None:
+    clock = Clock()
+    view = MeshView(stale_after_s=3.0, clock=clock)
+    view.on_heartbeat(beat("scheduler", "s-old", engine_id="e0", running=5))
+    view.on_heartbeat(beat("scheduler", "s1", engine_id="e1", running=1))
+    clock.now += 1.0   # s-old was killed; its last heartbeat still says ready
+    view.on_heartbeat(beat("scheduler", "s-new", ready=False, engine_id="e0"))
+    assert [e.scheduler_id for e in view.ready_engines()] == ["s1"]   # e0 is loading
+    clock.now += 1.0
+    view.on_heartbeat(beat("scheduler", "s-new", engine_id="e0"))
+    view.on_heartbeat(beat("scheduler", "s1", engine_id="e1", running=1))
+    assert sorted(e.scheduler_id for e in view.ready_engines()) == ["s-new", "s1"]
+    assert view.pick_engine("m").scheduler_id == "s-new"   # its load, not s-old's
+    clock.now += 2.5
+    assert [i.instance_id for i in view.sweep()] == ["s-old"]

@@ -191,6 +191,12 @@ class MeshClient:
             self._unregister(generation)
             raise ApiError(reply.http_status or 503, reply.error, code=reply.error_code or None,
                            retry_after_s=reply.retry_after_s or None)
+        if reply.scheduler_id and reply.scheduler_id != generation.scheduler_id:
+            # The view still listed an instance of this engine that has been replaced (a
+            # restart, not yet swept): the request's state lives in the one that replied.
+            generation.placed_reconnects[reply.scheduler_id] = self.reconnects_of(
+                reply.scheduler_id)
+            generation.scheduler_id = reply.scheduler_id
 
     async def admin(self, engine_id: str, command: str) -> wire.AdminReply:
         return await self._bus.request(self._subjects.engine_admin(engine_id),

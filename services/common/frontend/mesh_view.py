@@ -133,14 +133,26 @@ class MeshView:
                 and self.clock() - instance.progress_at >= self.stall_after_s)
 
     def _scheduler_of(self, engine_id: str) -> Instance | None:
-        return next((i for i in self.instances.values()
-                     if i.service == "scheduler" and i.engine_id == engine_id), None)
+        return self._schedulers().get(engine_id)
+
+    def _schedulers(self) -> dict[str, Instance]:
+        """Engine id -> its scheduler instance heard from last. A restarted scheduler's old
+        instance stays in the view until the sweep drops it, with its last (ready) heartbeat;
+        the new one is the engine now."""
+        latest: dict[str, Instance] = {}
+        for inst in self.instances.values():
+            if inst.service != "scheduler":
+                continue
+            seen = latest.get(inst.engine_id)
+            if seen is None or inst.last_seen > seen.last_seen:
+                latest[inst.engine_id] = inst
+        return latest
 
     def ready_engines(self, model: str | None = None) -> list[EngineView]:
         engines = []
-        for inst in self.instances.values():
+        for inst in self._schedulers().values():
             info = inst.engine
-            if inst.service != "scheduler" or not inst.ready or info is None:
+            if not inst.ready or info is None:
                 continue
             if model is not None and info.model != model:
                 continue

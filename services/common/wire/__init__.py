@@ -302,6 +302,7 @@ class SubmitReply(betterproto.Message):
     error: str = betterproto.string_field(3)
     error_code: str = betterproto.string_field(4)
     retry_after_s: float = betterproto.double_field(5)
+    scheduler_id: str = betterproto.string_field(6)
 
 
 @dataclass(eq=False, repr=False)
