@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -112,9 +113,11 @@ def test_scheduler_killed_mid_generation_moves_requests_to_the_other_engine(
     generated = metric(fault_mesh, scheduler, "vllm:generation_tokens_total")
 
     def served_by_rejoined_engine() -> bool:
-        # One at a time: with both engines idle the router takes the emptier cache, the
-        # rejoined engine's; a router that never picks it again fails here.
-        complete(fault_mesh, "Engine is back", 16)
+        # Two at once on idle engines: the second sees the first's prompt pending on one
+        # engine and goes to the other (a lone short prompt ties, and ties go to engine-0,
+        # which may not be the rejoined one); a router that never picks it again fails here.
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda _: complete(fault_mesh, "Engine is back", 16), range(2)))
         return metric(fault_mesh, scheduler, "vllm:generation_tokens_total") > generated
     poll(served_by_rejoined_engine, 60, f"the rejoined {scheduler} to serve a request",
          interval_s=0)
