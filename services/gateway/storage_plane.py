@@ -13,11 +13,13 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from services.common.bus import Bus, BusError
+from services.common.jetstream import retry_transient
 from services.common.frontend.errors import unavailable
 from services.common.subjects import Subjects
 from services.common.frontend.settings import FrontendSettings
 
 S = TypeVar("S")
+OPEN_RETRY_S = 10.0   # how long the first use waits out a JetStream failover
 Opener = Callable[[JetStreamContext, Subjects, int], Awaitable[S]]
 
 
@@ -36,14 +38,21 @@ class StoragePlane(Generic[S]):
         """The store, connected on first use; 503 when JetStream cannot be reached."""
         async with self._lock:
             if self._store is None:
+                bus: Bus | None = None
                 try:
                     bus = await Bus.for_settings(self._settings, self._connection_name,
                                                  retry_for_s=5.0)
-                    self._store = await self._open_store(bus.client.jetstream(),
-                                                         Subjects(self._settings.namespace),
-                                                         self._settings.jetstream_replicas)
+                    js, subjects = bus.client.jetstream(), Subjects(self._settings.namespace)
+                    # Binding or creating the buckets is idempotent: a stream electing a
+                    # leader (a NATS node lost or just back) is waited out.
+                    self._store = await retry_transient(
+                        lambda: self._open_store(js, subjects,
+                                                 self._settings.jetstream_replicas),
+                        OPEN_RETRY_S)
                     self.nats = bus.client
                 except (BusError, nats.errors.Error) as exc:
+                    if bus is not None:
+                        await bus.close()
                     raise unavailable(f"the {self._what} store is not reachable: {exc}",
                                       code=f"{self._what}_store_unavailable") from exc
         return self._store
