@@ -15,6 +15,7 @@ from services.common.frontend.migration import Migrator
 from services.common.metrics import GatewayMetrics
 from services.common.subjects import Subjects
 from tests.frontend.test_mesh_view import Clock
+from tests.waiting import until
 
 STALL_S = 10.0
 
@@ -215,11 +216,3 @@ async def test_move_stalled_moves_only_silent_requests_of_engines_without_progre
     assert client.move_stalled() == 1
     assert client.migrator.moves == [("cmpl-1-0-0", "engine stalled", "e0")]
     assert registry.get_sample_value("llm_mesh:request_stalls_total") == 1
-
-
-async def until(condition, timeout_s: float = 5.0) -> None:  # noqa: ANN001
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not condition():
-        assert loop.time() < deadline, "timed out"
-        await asyncio.sleep(0.01)

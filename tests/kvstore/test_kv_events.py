@@ -4,8 +4,7 @@ publisher's snapshot and ends with exactly the publisher's blocks."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import betterproto
 import pytest
@@ -15,6 +14,7 @@ from services.common import wire
 from services.common.bus import Bus
 from services.common.kv_event_stream import KVEventPublisher, KVEventSubscriber
 from services.common.subjects import Subjects
+from tests.waiting import until
 
 SUBJECTS = Subjects("kvevents")
 
@@ -33,13 +33,6 @@ def stored(*hashes: bytes) -> wire.KvEvent:
 
 def removed(*hashes: bytes) -> wire.KvEvent:
     return wire.KvEvent(removed=wire.BlockRemoved(block_hashes=list(hashes)))
-
-
-async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    async def wait() -> None:
-        while not condition():
-            await asyncio.sleep(0.02)
-    await asyncio.wait_for(wait(), timeout_s)
 
 
 async def test_a_late_subscriber_replays_and_a_gap_resyncs_from_the_snapshot(bus: Bus) -> None:
