@@ -136,15 +136,16 @@ class MeshView:
         return self._schedulers().get(engine_id)
 
     def _schedulers(self) -> dict[str, Instance]:
-        """Engine id -> its scheduler instance heard from last. A restarted scheduler's old
-        instance stays in the view until the sweep drops it, with its last (ready) heartbeat;
-        the new one is the engine now."""
+        """Engine id -> its scheduler instance: of those ready, the one heard from last. A
+        restarted scheduler's old instance stays in the view, with its last (ready)
+        heartbeat, until the sweep drops it; once the new one is ready it is the engine.
+        (One starting beside a live instance does not hide it while it loads.)"""
         latest: dict[str, Instance] = {}
         for inst in self.instances.values():
             if inst.service != "scheduler":
                 continue
             seen = latest.get(inst.engine_id)
-            if seen is None or inst.last_seen > seen.last_seen:
+            if seen is None or (inst.ready, inst.last_seen) > (seen.ready, seen.last_seen):
                 latest[inst.engine_id] = inst
         return latest
 
