@@ -148,9 +148,10 @@ def log_events(log: Path) -> Iterator[dict[str, Any]]:
 
 
 def service_health_urls(log: Path) -> dict[str, str]:
-    """{service: its /ready URL} of every service `llm-mesh up` started."""
-    return {e["service"]: e["health"] for e in log_events(log)
-            if e.get("event") == "started service"}
+    """{service: its /ready URL} of every service `llm-mesh up` started; an engine's
+    services as `scheduler.engine-1` (with `-dp N` each engine has its own)."""
+    return {(f"{e['service']}.{e['engine']}" if e.get("engine") else e["service"]): e["health"]
+            for e in log_events(log) if e.get("event") == "started service"}
 
 
 def metrics_url(health_url: str) -> str:

@@ -28,20 +28,21 @@ from llm_mesh.bench.metrics import BenchmarkMetrics
 
 def scrape_services(mesh: RunningMesh, label: str, out_dir: Path) -> None:
     """Saves the gateway's and each service's own /metrics and prints the mesh overhead the
-    scheduler measured over the whole run."""
+    schedulers (every engine's) measured over the whole run."""
     (out_dir / f"{label}.gateway-metrics.txt").write_text(scrape(f"{mesh.url}/metrics"))
+    step = messaging = steps = 0.0
     for service, health in service_health_urls(mesh.log).items():
         text = scrape(metrics_url(health))
         (out_dir / f"{label}.{service}-metrics.txt").write_text(text)
-        if service == "scheduler":
-            step = sum_of(text, "llm_mesh:engine_step_seconds_sum")
-            messaging = sum_of(text, "llm_mesh:step_messaging_seconds_sum")
-            steps = sum_of(text, "llm_mesh:engine_step_seconds_count")
-            if steps:
-                print(f"mesh overhead ({label}): {steps:.0f} steps, step {1e3 * step / steps:.2f}"
-                      f" ms mean, NATS messaging + serialization "
-                      f"{1e3 * messaging / steps:.2f} ms mean = {100 * messaging / step:.1f}% "
-                      f"of step time", flush=True)
+        if service.split(".")[0] == "scheduler":
+            step += sum_of(text, "llm_mesh:engine_step_seconds_sum")
+            messaging += sum_of(text, "llm_mesh:step_messaging_seconds_sum")
+            steps += sum_of(text, "llm_mesh:engine_step_seconds_count")
+    if steps:
+        print(f"mesh overhead ({label}): {steps:.0f} steps, step {1e3 * step / steps:.2f}"
+              f" ms mean, NATS messaging + serialization "
+              f"{1e3 * messaging / steps:.2f} ms mean = {100 * messaging / step:.1f}% "
+              f"of step time", flush=True)
 
 
 def run_config(label: str, up_args: Sequence[str], benches: Sequence[Sequence[str]],

@@ -52,11 +52,19 @@ def test_sum_of_adds_every_series_of_one_sample() -> None:
 def test_the_mesh_log_gives_each_service_health_url(tmp_path: Path) -> None:
     log = tmp_path / "mesh.log"
     log.write_text('nats-server starting\n'
-                   '{"event": "started service", "service": "scheduler", '
+                   '{"event": "started service", "service": "gateway", '
                    '"health": "http://127.0.0.1:1/ready"}\n'
-                   '{"event": "kvstore serving", "address": "127.0.0.1:2"}\n')
-    assert [e["event"] for e in log_events(log)] == ["started service", "kvstore serving"]
-    assert service_health_urls(log) == {"scheduler": "http://127.0.0.1:1/ready"}
+                   '{"event": "kvstore serving", "address": "127.0.0.1:2"}\n'
+                   '{"event": "started service", "service": "scheduler", "engine": "engine-0", '
+                   '"health": "http://127.0.0.1:3/ready"}\n'
+                   '{"event": "started service", "service": "scheduler", "engine": "engine-1", '
+                   '"health": "http://127.0.0.1:4/ready"}\n')
+    assert [e["event"] for e in log_events(log)] == ["started service", "kvstore serving",
+                                                     "started service", "started service"]
+    assert service_health_urls(log) == {  # -dp 2: each engine's scheduler, not the last one
+        "gateway": "http://127.0.0.1:1/ready",
+        "scheduler.engine-0": "http://127.0.0.1:3/ready",
+        "scheduler.engine-1": "http://127.0.0.1:4/ready"}
     assert metrics_url("http://127.0.0.1:1/ready") == "http://127.0.0.1:1/metrics"
 
 
