@@ -45,19 +45,26 @@ class _Client:
 
 
 @pytest.fixture
-async def gateway(nats_server: EmbeddedNats,
-                  monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Gateway]:
-    """Makes gateways on one fresh namespace: they share one batch plane, as replicas do.
-    Their NATS connections close after the test."""
-    namespace = f"gateway{next(_namespaces)}"
-    buses: list[Bus] = []
+async def buses(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[list[Bus]]:
+    """Every Bus the test connects, in order; closed after the test."""
+    connected: list[Bus] = []
     connect = Bus.connect
 
     async def tracked_connect(*args: Any, **kwargs: Any) -> Bus:
-        buses.append(await connect(*args, **kwargs))
-        return buses[-1]
+        connected.append(await connect(*args, **kwargs))
+        return connected[-1]
 
     monkeypatch.setattr(Bus, "connect", tracked_connect)
+    yield connected
+    for bus in connected:
+        await bus.close()
+
+
+@pytest.fixture
+async def gateway(nats_server: EmbeddedNats, buses: list[Bus]) -> AsyncIterator[Gateway]:
+    """Makes gateways on one fresh namespace: they share one batch plane, as replicas do.
+    Their NATS connections close after the test."""
+    namespace = f"gateway{next(_namespaces)}"
     clients: list[httpx.AsyncClient] = []
 
     def make(keys: list[str]) -> httpx.AsyncClient:
@@ -72,5 +79,3 @@ async def gateway(nats_server: EmbeddedNats,
     yield make
     for client in clients:
         await client.aclose()
-    for bus in buses:
-        await bus.close()

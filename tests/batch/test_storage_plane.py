@@ -44,16 +44,7 @@ async def test_the_first_use_waits_out_a_jetstream_timeout(nats_server: Embedded
 
 
 async def test_a_store_that_cannot_open_is_a_503_without_a_leftover_connection(
-        nats_server: EmbeddedNats, monkeypatch: pytest.MonkeyPatch) -> None:
-    buses: list[Bus] = []
-    connect = Bus.connect
-
-    async def tracked_connect(*args, **kwargs) -> Bus:  # type: ignore[no-untyped-def]
-        buses.append(await connect(*args, **kwargs))
-        return buses[-1]
-
-    monkeypatch.setattr(Bus, "connect", tracked_connect)
-
+        nats_server: EmbeddedNats, buses: list[Bus]) -> None:
     async def refuse(js: JetStreamContext, subjects: Subjects, replicas: int) -> BatchStore:
         raise nats.errors.NoServersError   # not a failover: no point waiting
 
