@@ -6,6 +6,8 @@ rejoined, everything ready), so the next test starts from a healthy mesh."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -48,6 +50,22 @@ def fault_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     finally:
         if REPORT:
             print("\n" + "\n".join(json.dumps(entry) for entry in REPORT))
+
+
+@pytest.fixture(autouse=True)
+def whole_mesh_after_each_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that fails halfway may leave a service killed or frozen; the tests after it
+    share the mesh, so it is made whole here rather than failing them too."""
+    yield
+    if "fault_mesh" not in request.fixturenames:
+        return
+    mesh: Mesh = request.getfixturevalue("fault_mesh")
+    for service in mesh.services.values():
+        if service.process is None or service.process.poll() is not None:
+            service.start({**os.environ, "PYTHONUNBUFFERED": "1"})
+        else:
+            service.process.send_signal(signal.SIGCONT)
+    wait_whole(mesh)
 
 
 @pytest.fixture(scope="package")

@@ -70,9 +70,7 @@ def test_scheduler_killed_mid_constrained_stream(fault_mesh: Mesh,
     streams.wait_for_chunks(3)
     scheduler, _ = busiest_engine(fault_mesh)
     fault_mesh.services[scheduler].stop(signal.SIGKILL)      # its requests move
-    try:
-        assert_valid_and_unchanged(streams.finish(RECOVERY_BOUND_S), undisturbed)
-    finally:
-        fault_mesh.restart(scheduler)
+    assert_valid_and_unchanged(streams.finish(RECOVERY_BOUND_S), undisturbed)
+    fault_mesh.restart(scheduler)
     wait_whole(fault_mesh)
     assert complete(fault_mesh, "The mesh is whole again", 4)["choices"]

@@ -66,19 +66,17 @@ def test_requests_for_a_just_killed_engine_go_to_a_live_one(fault_mesh: Mesh) ->
                      for e in ENGINES), 30, "the gateway to see both engines idle")
     fault_mesh.services["scheduler"].stop(signal.SIGKILL)
     killed = time.monotonic()
-    try:
-        statuses = [post_json(f"{fault_mesh.base_url}/v1/completions",
-                              {"model": "SmolLM2-135M-Instruct", "prompt": f"Count to {i}:",
-                               "max_tokens": 4, "temperature": 0})[0] for i in range(3)]
-        answered = time.monotonic() - killed
-        assert statuses == [200, 200, 200]
-        failovers = [json.loads(line) for line in
-                     fault_mesh.services["gateway"].log_path.read_text().splitlines()
-                     if "submitting to another" in line]
-        assert failovers and failovers[-1]["engine"] == "engine-0"
-        assert failovers[-1]["code"] == "engine_unavailable"
-    finally:
-        fault_mesh.restart("scheduler")
+    statuses = [post_json(f"{fault_mesh.base_url}/v1/completions",
+                          {"model": "SmolLM2-135M-Instruct", "prompt": f"Count to {i}:",
+                           "max_tokens": 4, "temperature": 0})[0] for i in range(3)]
+    answered = time.monotonic() - killed
+    assert statuses == [200, 200, 200]
+    failovers = [json.loads(line) for line in
+                 fault_mesh.services["gateway"].log_path.read_text().splitlines()
+                 if "submitting to another" in line]
+    assert failovers and failovers[-1]["engine"] == "engine-0"
+    assert failovers[-1]["code"] == "engine_unavailable"
+    fault_mesh.restart("scheduler")
     rejoined = wait_whole(fault_mesh)
     record("scheduler SIGKILL while idle", client_saw="200 for requests sent at once",
            answered_within_s=answered, rejoined_after_s=rejoined)
@@ -96,17 +94,15 @@ def test_scheduler_killed_mid_generation_moves_requests_to_the_other_engine(
     finished_on_survivor = metric(fault_mesh, survivor, "vllm:request_success_total")
     fault_mesh.services[scheduler].stop(signal.SIGKILL)     # that engine is gone
     killed = time.monotonic()
-    try:
-        results = streams.finish(RECOVERY_BOUND_S)
-        assert [r.outcome() for r in results] == ["completed (length)"] * len(results)
-        assert [r.text for r in results] == reference      # no duplicated or missing text
-        num_moved = gateway_metric(fault_mesh, "llm_mesh:request_migrations_total",
-                                   outcome="moved") - moved
-        assert num_moved >= num_held >= 1
-        assert metric(fault_mesh, survivor, "vllm:request_success_total") \
-            - finished_on_survivor >= num_held
-    finally:   # the next tests share this mesh: it must be whole again, pass or fail
-        fault_mesh.restart(scheduler)
+    results = streams.finish(RECOVERY_BOUND_S)
+    assert [r.outcome() for r in results] == ["completed (length)"] * len(results)
+    assert [r.text for r in results] == reference      # no duplicated or missing text
+    num_moved = gateway_metric(fault_mesh, "llm_mesh:request_migrations_total",
+                               outcome="moved") - moved
+    assert num_moved >= num_held >= 1
+    assert metric(fault_mesh, survivor, "vllm:request_success_total") \
+        - finished_on_survivor >= num_held
+    fault_mesh.restart(scheduler)
     # The restarted scheduler rejoins; its worker (never restarted) serves it again.
     rejoined = wait_whole(fault_mesh)
     assert {k: v for k, v in pids(fault_mesh).items() if k != scheduler} == others
