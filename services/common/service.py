@@ -113,8 +113,10 @@ class Service(ABC):
             self.log.info("draining", timeout_s=self.settings.drain_timeout_s)
             # NOTE: said at once, not at the next beat: gateways stop routing here now.
             await self._publish_heartbeat()
+            draining_since = time.perf_counter()
             try:
                 await asyncio.wait_for(self.drain(), timeout=self.settings.drain_timeout_s)
+                self.log.info("drained", seconds=round(time.perf_counter() - draining_since, 2))
             except asyncio.TimeoutError:
                 self.log.warning("drain timed out; stopping with work in flight")
         finally:

@@ -37,6 +37,7 @@ from services.tokenizer.settings import TokenizerSettings
 from services.tokenizer.text_codec import InvalidPrompt, TextCodec
 
 FinishReason = wire.FinishReason
+DRAIN_REPORT_INTERVAL_S = 5.0
 
 
 class TokenizerService(Service):
@@ -93,8 +94,15 @@ class TokenizerService(Service):
             await subscription.unsubscribe()
         if self.states:
             self.log.info("finishing the requests held here", count=len(self.states))
+        next_report = time.monotonic() + DRAIN_REPORT_INTERVAL_S
         while self.states:
             await asyncio.sleep(0.05)
+            if self.states and time.monotonic() >= next_report:
+                # Says what a slow drain waits on (a request whose engine went quiet, say).
+                self.log.info("still finishing", count=len(self.states),
+                              requests={rid: {"engine": s.engine_id, "output": s.has_output}
+                                        for rid, s in list(self.states.items())[:8]})
+                next_report += DRAIN_REPORT_INTERVAL_S
 
     def readiness(self) -> tuple[bool, str]:
         return (True, "") if self.codec is not None else (False, "loading tokenizer")
