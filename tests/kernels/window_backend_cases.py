@@ -32,6 +32,9 @@ CASES = [
     (AttentionCase("gqa3_long_decodes_w600", 9, 3, [2100, 700, 15], [1, 1, 1], head_dim=64),
      600, None),
     (AttentionCase("mha_long_prefill_w40_cap", 4, 4, [300], [77], head_dim=64), 40, 5.0),
+    # The bf16-products prefill (AMX or AVX512-BF16) with both: a chunk after history.
+    (AttentionCase("gqa3_bf16_prefill_w40_cap", 9, 3, [300, 0], [77, 45], dtype=torch.bfloat16,
+                   head_dim=64), 40, 5.0),
 ]
 
 
