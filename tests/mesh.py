@@ -76,6 +76,10 @@ class Mesh:
     gateway_port: int = 0
     with_kvstore: bool = False
     redis: EmbeddedRedis | None = None
+    # Torch threads of each worker (0: every core). A mesh of several engines gives each its
+    # share, as `llm-mesh up -dp N` does: two workers of two threads on two cores spin in
+    # each other's OpenMP barriers, and each step takes several times as long.
+    worker_threads: int = 0
 
     @property
     def base_url(self) -> str:
@@ -128,6 +132,8 @@ class Mesh:
     def _launch(self, name: str, own_args: list[str], kind: str = "") -> ServiceProcess:
         assert self.nats is not None
         common = ["--nats-url", self.nats.url_for(kind or name), "--namespace", self.namespace]
+        if (kind or name) == "worker" and self.worker_threads:
+            common += ["--num-threads", str(self.worker_threads)]
         service = ServiceProcess(name, common + own_args + self.extra_args.get(name, []),
                                  self.workdir / f"{name}.log", free_port(), kind=kind)
         service.start({**os.environ, "PYTHONUNBUFFERED": "1"})

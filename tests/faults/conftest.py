@@ -44,7 +44,7 @@ def fault_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
 
     try:
         with serving(Mesh(Path(tmp_path_factory.mktemp("faults")), namespace="faults",
-                          extra_args={"gateway": GATEWAY_ARGS}),
+                          extra_args={"gateway": GATEWAY_ARGS}, worker_threads=1),
                      add_engine_1) as mesh:
             yield mesh
     finally:

@@ -29,7 +29,7 @@ ENGINES = {"scheduler": "worker", "scheduler-engine-1": "worker-engine-1"}
 def two_engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     mesh = Mesh(Path(tmp_path_factory.mktemp("worker-lost")), namespace="worker-lost",
                 extra_args={"scheduler": REJOIN_TIMEOUT,
-                            "gateway": ["--migration-timeout-s", "30"]})
+                            "gateway": ["--migration-timeout-s", "30"]}, worker_threads=1)
     # The killed worker exits by SIGKILL: no clean-exit check.
     with serving(mesh, lambda m: m.add_engine("engine-1", scheduler_args=REJOIN_TIMEOUT),
                  check_exit=False) as running:

@@ -53,7 +53,8 @@ def kv_mesh(tmp_path_factory: pytest.TempPathFactory, proxy: FaultProxy) -> Iter
                           "kvstore": ["--grpc-port", str(proxy.upstream_port),
                                       "--advertise-address", proxy.address,
                                       "--kv-cpu-bytes", str(CPU_BYTES)],
-                          "worker": worker_args}), check_exit=False) as running:
+                          "worker": worker_args}, worker_threads=1),
+                 check_exit=False) as running:
         yield running
 
 

@@ -48,7 +48,9 @@ def spread(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SpreadMes
             mesh.start_service("batch", front, [])
             for i, host in enumerate((back_1, back_2), start=1):
                 engine = ["--engine-id", f"engine-{i}"]
-                mesh.start_service(f"worker-{i}", host, [*engine, *ENGINE_ARGS], "worker")
+                # One thread each: the two "hosts" share this machine's cores (tests/mesh.py).
+                mesh.start_service(f"worker-{i}", host,
+                                   [*engine, *ENGINE_ARGS, "--num-threads", "1"], "worker")
                 mesh.start_service(f"scheduler-{i}", host,
                                    [*engine, *ENGINE_ARGS[:2], "--enable-kv-events"],
                                    "scheduler")

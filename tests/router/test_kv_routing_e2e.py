@@ -53,7 +53,7 @@ def router_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterMesh
                       extra_args={"scheduler": EVENTS + ONE_AT_A_TIME,
                                   "worker": ONE_AT_A_TIME,
                                   "gateway": ["--router-queue-move-after-s",
-                                              str(QUEUE_MOVE_AFTER_S)]}),
+                                              str(QUEUE_MOVE_AFTER_S)]}, worker_threads=1),
                  add_engine_and_gateway) as mesh:
         yield RouterMesh(mesh, f"http://127.0.0.1:{spill_port}")
 
