@@ -6,7 +6,6 @@ rejoined, everything ready), so the next test starts from a healthy mesh."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -60,11 +59,12 @@ def whole_mesh_after_each_test(request: pytest.FixtureRequest) -> Iterator[None]
     if "fault_mesh" not in request.fixturenames:
         return
     mesh: Mesh = request.getfixturevalue("fault_mesh")
-    for service in mesh.services.values():
-        if service.process is None or service.process.poll() is not None:
-            service.start({**os.environ, "PYTHONUNBUFFERED": "1"})
-        else:
+    for name, service in mesh.services.items():
+        assert service.process is not None   # every service of a running mesh was started
+        if service.process.poll() is None:
             service.process.send_signal(signal.SIGCONT)
+        else:
+            mesh.restart(name)   # it exited: reaped, then started again
     wait_whole(mesh)
 
 
