@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch_device import launch_device
 from kernels.reference import FP8_E4M3_MAX
 from kernels.triton_paged_kv import check_kv_cache, next_pow2, scale_arg
 
@@ -102,12 +103,13 @@ def reshape_and_cache(
         raise ValueError("key/value head_dim must be contiguous")
     if num_tokens == 0:
         return
-    _reshape_and_cache_kernel[(num_tokens,)](
-        key, value, key_cache, value_cache, slot_mapping,
-        scale_arg(k_scale, is_fp8, key_cache), scale_arg(v_scale, is_fp8, key_cache),
-        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
-        NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=key_cache.shape[1],
-        BLOCK_H=next_pow2(num_kv_heads), BLOCK_D=next_pow2(head_dim), IS_FP8=is_fp8,
-    )
+    with launch_device(key_cache):
+        _reshape_and_cache_kernel[(num_tokens,)](
+            key, value, key_cache, value_cache, slot_mapping,
+            scale_arg(k_scale, is_fp8, key_cache), scale_arg(v_scale, is_fp8, key_cache),
+            key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+            key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+            value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+            NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=key_cache.shape[1],
+            BLOCK_H=next_pow2(num_kv_heads), BLOCK_D=next_pow2(head_dim), IS_FP8=is_fp8,
+        )

@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch_device import launch_device
 from kernels.triton_paged_kv import (
     LOG2E,
     attend_tile,
@@ -204,27 +205,28 @@ def paged_decode_attention(
     k_scale_t = scale_arg(k_scale, is_fp8, key_cache)
     v_scale_t = scale_arg(v_scale, is_fp8, key_cache)
     block_d = next_pow2(head_dim, 16)
-    _decode_kernel[(num_seqs, num_kv_heads, num_kv_splits)](
-        query, key_cache, value_cache, block_tables, seq_lens, k_scale_t, v_scale_t,
-        out, part_out, part_lse,
-        scale * LOG2E, window_arg(sliding_window),
-        query.stride(0), query.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
-        block_tables.stride(0),
-        out.stride(0), out.stride(1),
-        num_q_heads,
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_G=next_pow2(group, 16), BLOCK_D=block_d, BLOCK_N=BLOCK_N,
-        NUM_SPLITS=num_kv_splits, IS_FP8=is_fp8, COMPUTE_DTYPE=compute_dtype(query),
-        SOFT_CAP=soft_cap_arg(logits_soft_cap),
-    )
-    if num_kv_splits > 1:
-        _merge_splits_kernel[(num_seqs, num_q_heads)](
-            part_out, part_lse, out,
+    with launch_device(query):
+        _decode_kernel[(num_seqs, num_kv_heads, num_kv_splits)](
+            query, key_cache, value_cache, block_tables, seq_lens, k_scale_t, v_scale_t,
+            out, part_out, part_lse,
+            scale * LOG2E, window_arg(sliding_window),
+            query.stride(0), query.stride(1),
+            key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+            value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+            block_tables.stride(0),
             out.stride(0), out.stride(1),
             num_q_heads,
-            HEAD_DIM=head_dim, NUM_SPLITS=num_kv_splits,
-            BLOCK_S=next_pow2(num_kv_splits, 2), BLOCK_D=block_d,
+            GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+            BLOCK_G=next_pow2(group, 16), BLOCK_D=block_d, BLOCK_N=BLOCK_N,
+            NUM_SPLITS=num_kv_splits, IS_FP8=is_fp8, COMPUTE_DTYPE=compute_dtype(query),
+            SOFT_CAP=soft_cap_arg(logits_soft_cap),
         )
+        if num_kv_splits > 1:
+            _merge_splits_kernel[(num_seqs, num_q_heads)](
+                part_out, part_lse, out,
+                out.stride(0), out.stride(1),
+                num_q_heads,
+                HEAD_DIM=head_dim, NUM_SPLITS=num_kv_splits,
+                BLOCK_S=next_pow2(num_kv_splits, 2), BLOCK_D=block_d,
+            )
     return out

@@ -16,6 +16,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from kernels.launch_device import launch_device
+
 BLOCK_M = 16  # pair rows per program (>= 16 for GPU dots)
 BLOCK_N = 32
 BLOCK_K = 32
@@ -94,14 +96,15 @@ def _grouped_gemm(a: torch.Tensor, b: torch.Tensor, sorted_pairs: torch.Tensor,
     n, k = b.shape[1], b.shape[2]
     c = torch.empty((num_pairs, n), dtype=a.dtype, device=a.device)
     grid = (block_experts.numel(), triton.cdiv(n, BLOCK_N))
-    _grouped_gemm_kernel[grid](
-        a, b, c, sorted_pairs, block_experts,
-        pair_weights if pair_weights is not None else c,
-        num_pairs, n, k, a_row_div,
-        a.stride(0), b.stride(0), b.stride(1), c.stride(0),
-        MUL_WEIGHT=pair_weights is not None, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-        BLOCK_K=BLOCK_K,
-    )
+    with launch_device(c):
+        _grouped_gemm_kernel[grid](
+            a, b, c, sorted_pairs, block_experts,
+            pair_weights if pair_weights is not None else c,
+            num_pairs, n, k, a_row_div,
+            a.stride(0), b.stride(0), b.stride(1), c.stride(0),
+            MUL_WEIGHT=pair_weights is not None, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+            BLOCK_K=BLOCK_K,
+        )
     return c
 
 

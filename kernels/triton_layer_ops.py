@@ -24,6 +24,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from kernels.launch_device import launch_device
+
 _NO_FMA = {"enable_fp_fusion": False}
 
 
@@ -83,12 +85,13 @@ def _launch_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: tor
     num_rows, num_heads, stride_xt, stride_xh = _as_rows(x)
     dim = x.shape[-1]
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    _rms_norm_kernel[(num_rows,)](
-        x, x if residual is None else residual, weight, out,
-        num_heads, stride_xt, stride_xh, 0 if residual is None else residual.stride(0), dim,
-        eps, HAS_RESIDUAL=residual is not None, IS_FP32=x.dtype == torch.float32,
-        BLOCK_D=triton.next_power_of_2(dim), **_NO_FMA,
-    )
+    with launch_device(out):
+        _rms_norm_kernel[(num_rows,)](
+            x, x if residual is None else residual, weight, out,
+            num_heads, stride_xt, stride_xh, 0 if residual is None else residual.stride(0), dim,
+            eps, HAS_RESIDUAL=residual is not None, IS_FP32=x.dtype == torch.float32,
+            BLOCK_D=triton.next_power_of_2(dim), **_NO_FMA,
+        )
     return out
 
 
@@ -131,10 +134,11 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     num_tokens, size = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty(num_tokens, size, dtype=gate_up.dtype, device=gate_up.device)
     block = min(triton.next_power_of_2(size), 1024)
-    _silu_and_mul_kernel[(num_tokens, triton.cdiv(size, block))](
-        gate_up, out, size, gate_up.stride(0),
-        EXACT_EXP=gate_up.is_cuda, BLOCK=block, **_NO_FMA,
-    )
+    with launch_device(out):
+        _silu_and_mul_kernel[(num_tokens, triton.cdiv(size, block))](
+            gate_up, out, size, gate_up.stride(0),
+            EXACT_EXP=gate_up.is_cuda, BLOCK=block, **_NO_FMA,
+        )
     return out
 
 
@@ -168,7 +172,8 @@ def rotary_embedding(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> N
     num_tokens, num_heads, head_dim = x.shape
     block_d = triton.next_power_of_2(head_dim)
     block_h = min(triton.next_power_of_2(num_heads), max(1, 4096 // block_d))
-    _rotary_kernel[(num_tokens, triton.cdiv(num_heads, block_h))](
-        x, cos, sin, num_heads, x.stride(0), x.stride(1), cos.stride(0), sin.stride(0),
-        HEAD_DIM=head_dim, BLOCK_H=block_h, BLOCK_D=block_d, **_NO_FMA,
-    )
+    with launch_device(x):
+        _rotary_kernel[(num_tokens, triton.cdiv(num_heads, block_h))](
+            x, cos, sin, num_heads, x.stride(0), x.stride(1), cos.stride(0), sin.stride(0),
+            HEAD_DIM=head_dim, BLOCK_H=block_h, BLOCK_D=block_d, **_NO_FMA,
+        )

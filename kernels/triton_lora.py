@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch_device import launch_device
+
 BLOCK_OUT = 64
 BLOCK_IN = 64
 
@@ -72,7 +74,8 @@ def lora_add(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: tor
 def _gathered_gemv(v: torch.Tensor, w: torch.Tensor, token_slots: torch.Tensor,
                    scales: torch.Tensor, out: torch.Tensor, is_expand: bool) -> None:
     num_tokens, n_out = out.shape
-    _gathered_gemv_kernel[(num_tokens, triton.cdiv(n_out, BLOCK_OUT))](
-        v, w, token_slots, scales, out, n_out, v.shape[1],
-        v.stride(0), w.stride(0), w.stride(1), out.stride(0),
-        SCALE=not is_expand, ACCUMULATE=is_expand, BLOCK_OUT=BLOCK_OUT, BLOCK_IN=BLOCK_IN)
+    with launch_device(out):
+        _gathered_gemv_kernel[(num_tokens, triton.cdiv(n_out, BLOCK_OUT))](
+            v, w, token_slots, scales, out, n_out, v.shape[1],
+            v.stride(0), w.stride(0), w.stride(1), out.stride(0),
+            SCALE=not is_expand, ACCUMULATE=is_expand, BLOCK_OUT=BLOCK_OUT, BLOCK_IN=BLOCK_IN)

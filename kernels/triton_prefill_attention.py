@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch_device import launch_device
 from kernels.triton_paged_kv import (
     LOG2E,
     attend_tile,
@@ -157,19 +158,20 @@ def paged_prefill_attention(
     block_m = max(BLOCK_M, block_g)
     block_q = block_m // block_g
     grid = (num_tokens // block_q + num_seqs, num_kv_heads)
-    _prefill_kernel[grid](
-        query, key_cache, value_cache, block_tables, query_start_loc, seq_lens,
-        scale_arg(k_scale, is_fp8, key_cache), scale_arg(v_scale, is_fp8, key_cache), out,
-        scale * LOG2E, num_seqs, window_arg(sliding_window),
-        query.stride(0), query.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
-        block_tables.stride(0),
-        out.stride(0), out.stride(1),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_G=block_g, BLOCK_Q=block_q, BLOCK_M=block_m,
-        BLOCK_D=next_pow2(head_dim, 16), BLOCK_N=BLOCK_N,
-        IS_FP8=is_fp8, COMPUTE_DTYPE=compute_dtype(query),
-        SOFT_CAP=soft_cap_arg(logits_soft_cap),
-    )
+    with launch_device(query):
+        _prefill_kernel[grid](
+            query, key_cache, value_cache, block_tables, query_start_loc, seq_lens,
+            scale_arg(k_scale, is_fp8, key_cache), scale_arg(v_scale, is_fp8, key_cache), out,
+            scale * LOG2E, num_seqs, window_arg(sliding_window),
+            query.stride(0), query.stride(1),
+            key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+            value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+            block_tables.stride(0),
+            out.stride(0), out.stride(1),
+            GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+            BLOCK_G=block_g, BLOCK_Q=block_q, BLOCK_M=block_m,
+            BLOCK_D=next_pow2(head_dim, 16), BLOCK_N=BLOCK_N,
+            IS_FP8=is_fp8, COMPUTE_DTYPE=compute_dtype(query),
+            SOFT_CAP=soft_cap_arg(logits_soft_cap),
+        )
     return out

@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch_device import launch_device
+
 BLOCK_M = 16  # >= 16 for GPU dots
 BLOCK_N = 32
 BLOCK_K = 32
@@ -60,8 +62,9 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor,
     x = x.contiguous()
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n, BLOCK_N))
-    _w4a16_kernel[grid](
-        x, qweight, zeros, scales, g_idx, y, m, n, k,
-        x.stride(0), qweight.stride(0), zeros.stride(0), scales.stride(0), y.stride(0),
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K)
+    with launch_device(y):
+        _w4a16_kernel[grid](
+            x, qweight, zeros, scales, g_idx, y, m, n, k,
+            x.stride(0), qweight.stride(0), zeros.stride(0), scales.stride(0), y.stride(0),
+            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K)
     return y
