@@ -37,3 +37,5 @@ _.e2el
 # Python reads an instance's class on every call: benchmarks/mixed_step.py swaps in a timing
 # subclass on the linears it times.
 _.__class__
+# pickle's Pickler / Unpickler hooks, called by name (services/worker/parallel/commands.py).
+_.persistent_id, _.persistent_load

@@ -29,10 +29,17 @@ class TensorParallelGroup:
         """Joins the group (blocks until every rank has, or `timeout`): gloo on CPU, NCCL on
         CUDA. Once it returns, every rank has mapped `shm`."""
         backend = "nccl" if device.type == "cuda" else "gloo"
+        # NOTE: NCCL binds each rank to `device` at once (else it guesses the GPU by rank).
         dist.init_process_group(backend, init_method=init_method, rank=rank,
-                                world_size=world_size, timeout=timeout)
+                                world_size=world_size, timeout=timeout,
+                                device_id=device if device.type == "cuda" else None)
         dist.barrier()
         return cls(rank, world_size, device, shm)
+
+    def broadcast(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Rank 0's `tensor` into every rank's, in place."""
+        dist.broadcast(tensor, src=0)
+        return tensor
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sums `tensor` over the ranks, in place (every rank gets the same bits)."""

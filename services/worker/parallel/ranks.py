@@ -43,7 +43,7 @@ from services.worker.models.checkpoint_quant import read_checkpoint_quant
 from services.worker.models.config import ModelConfig
 from services.worker.models.llama import LlamaForCausalLM
 from services.worker.models.weights import WeightSource
-from services.worker.parallel.commands import CommandSender, receive
+from services.worker.parallel.commands import CommandSender, decode
 from services.worker.parallel.group import TensorParallelGroup, rank_cores
 from services.worker.parallel.layers import parallelize
 from services.worker.parallel.sharding import ShardedWeights, ShardPlan
@@ -119,12 +119,14 @@ class TensorParallelRanks:
             threading.Thread(target=self._watch_followers, name="tp-watchdog",
                              daemon=True).start()
             self.group = TensorParallelGroup.join(0, self.world_size, init_method,
-                                                  _rank_device(device, 0), COLLECTIVE_TIMEOUT,
-                                                  shm)
+                                                  use_rank_device(device, 0),
+                                                  COLLECTIVE_TIMEOUT, shm)
         finally:
             if shm_path is not None:   # every rank has it mapped (or never will)
                 shm_path.unlink()
-        self.commands = CommandSender([writer for _, writer in pipes])
+        # Device tensors go to the followers' own GPUs by broadcast; on CPU, in the pickle.
+        self.commands = CommandSender([writer for _, writer in pipes], self.group,
+                                      by_broadcast="cuda" if device.type == "cuda" else None)
 
     def build(self, config: RunnerConfig, weights: WeightSource, attn: AttentionBackend,
               max_model_len: int) -> TensorParallelModel:
@@ -182,7 +184,7 @@ def follower_main(config: RunnerConfig, rank: int, init_method: str, shm_path: P
     """A follower rank: builds its shard, then runs what rank 0 sends until rank 0 closes
     its pipe (or dies)."""
     _die_with_parent()
-    device = _rank_device(resolve_device(config.device), rank)
+    device = use_rank_device(resolve_device(config.device), rank)
     if device.type == "cpu":
         configure_cpu_runtime(pin_rank_cores(config, rank))
     torch.manual_seed(config.seed)
@@ -199,7 +201,7 @@ def follower_main(config: RunnerConfig, rank: int, init_method: str, shm_path: P
     try:
         with torch.inference_mode():
             while True:
-                command, *args = receive(commands, device)
+                command, *args = decode(commands.recv_bytes(), group)
                 if command == "forward":
                     model.forward(*args)
                 elif command == "logits":
@@ -220,5 +222,12 @@ def _die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _rank_device(device: torch.device, rank: int) -> torch.device:
-    return torch.device("cuda", rank) if device.type == "cuda" else device
+def use_rank_device(device: torch.device, rank: int) -> torch.device:
+    """This rank's device: GPU `rank`, made the process's current device, since Triton
+    launches and NCCL streams follow the current device, not a tensor's (rank 1 would
+    otherwise run its kernels on GPU 0); on CPU, the CPU."""
+    if device.type != "cuda":
+        return device
+    rank_device = torch.device("cuda", rank)
+    torch.cuda.set_device(rank_device)
+    return rank_device
