@@ -1,4 +1,4 @@
-"""Runs kernel cases on the test device: in-process on CUDA, in an interpreter subprocess on CPU.
+"""Runs kernel cases on the test device: compiled on CUDA, in an interpreter subprocess on CPU.
 
 NOTE: why a subprocess on CPU, rather than TRITON_INTERPRET=1 at the top of the test module:
 - an unmasked out-of-bounds load SIGSEGVs the interpreter, which would kill the whole pytest
@@ -27,10 +27,18 @@ DEVICE = os.environ.get("KERNEL_TEST_DEVICE") or ("cuda" if torch.cuda.is_availa
 SUBPROCESS_TIMEOUT_S = 300
 
 
-def json_cases_in_interpreter(module: str) -> dict[str, dict]:
-    """Runs `python -m <module>` under TRITON_INTERPRET=1, which prints one JSON line per
-    case ({"case": name, ...}), and returns the lines by case name."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+def json_cases(module: str) -> dict[str, dict]:
+    """Runs `python -m <module>`, which prints one JSON line per case ({"case": name, ...})
+    of its kernels run on KERNEL_TEST_DEVICE, and returns the lines by case name.
+
+    On CUDA the kernels compile for the GPU (TRITON_INTERPRET unset, whatever the parent's
+    environment says); on CPU they run under the interpreter (TRITON_INTERPRET=1).
+    """
+    env = {**os.environ, "KERNEL_TEST_DEVICE": DEVICE}
+    if DEVICE == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+    else:
+        env.pop("TRITON_INTERPRET", None)
     proc = subprocess.run([sys.executable, "-m", module], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=2 * SUBPROCESS_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]

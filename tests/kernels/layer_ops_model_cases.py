@@ -1,8 +1,9 @@
 """Tiny models run with TritonLayerOps (the CUDA path's layer ops) against HF transformers.
 
-Runnable as `python -m tests.kernels.layer_ops_model_cases` under TRITON_INTERPRET=1 (see
-harness.json_cases_in_interpreter): on CPU the model would pick the C++ or torch layer ops, so
-the choice is patched to TritonLayerOps; prints one JSON line per model, with the error if any.
+Runnable as `python -m tests.kernels.layer_ops_model_cases` on KERNEL_TEST_DEVICE (see
+harness.json_cases): compiled on CUDA, where the model picks TritonLayerOps itself, and under
+TRITON_INTERPRET=1 on CPU, where it would pick the C++ or torch layer ops, so the choice is
+patched to TritonLayerOps; prints one JSON line per model, with the error if any.
 Llama rotates q and k in place through their view of the qkv output; Qwen3 normalizes strided
 head views first.
 """
@@ -21,6 +22,7 @@ import torch
 from services.worker.model_runner import ModelRunner, RunnerConfig
 from services.worker.models import llama
 from services.worker.models.layer_ops import TorchLayerOps, TritonLayerOps
+from tests.kernels.harness import DEVICE
 from tests.worker.tiny_models import assert_logprobs_match_hf, save_tiny_model
 
 MODELS = ("llama", "qwen3")
@@ -30,7 +32,7 @@ def _check_model(name: str) -> None:
     with tempfile.TemporaryDirectory() as directory:
         hf = save_tiny_model(name, Path(directory))
         runner = ModelRunner(RunnerConfig(model_dir=Path(directory), kv_cache_memory=2**20,
-                                          max_num_seqs=4))
+                                          max_num_seqs=4, device=DEVICE))
         assert isinstance(runner.model.ops, TritonLayerOps)
         assert_logprobs_match_hf(hf, runner)
 

@@ -1,6 +1,7 @@
 """Fused MoE: the Triton kernel against the torch reference, and the reference against a
-per-token loop. Runnable as `python -m tests.kernels.moe_cases` (TRITON_INTERPRET=1): prints
-one JSON line of max error per case (interpreter kernels run in a subprocess, harness.py)."""
+per-token loop. Runnable as `python -m tests.kernels.moe_cases`: runs the kernel on
+KERNEL_TEST_DEVICE (compiled on CUDA, TRITON_INTERPRET=1 on CPU) and prints one JSON line of
+max error per case (harness.json_cases runs it in a subprocess)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.moe_reference import ref_fused_moe
+from tests.kernels.harness import DEVICE
 
 # (name, tokens, hidden, intermediate, experts, top_k, dtype)
 CASES = [
@@ -52,7 +54,7 @@ def _compare_triton_with_reference() -> None:
 
     for name, *shape, dtype in CASES:
         inputs = make_inputs(*shape, dtype)
-        got = fused_moe(*inputs)
+        got = fused_moe(*(t.to(DEVICE) for t in inputs)).cpu()
         want = ref_fused_moe(*inputs)
         print(json.dumps({"case": name, "err": float((got.float() - want.float()).abs().max()),
                           "shape_ok": got.shape == want.shape}), flush=True)

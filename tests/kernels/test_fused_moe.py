@@ -1,5 +1,6 @@
-"""The fused MoE op: torch reference against the definition, Triton kernel (interpreter)
-against the reference, and the pair alignment the kernel's grid rests on."""
+"""The fused MoE op: torch reference against the definition, Triton kernel (compiled on CUDA,
+the interpreter on CPU) against the reference, and the pair alignment the kernel's grid rests
+on."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from kernels.moe_reference import ref_fused_moe
-from tests.kernels.harness import json_cases_in_interpreter
+from tests.kernels.harness import json_cases
 from tests.kernels.moe_cases import CASES, loop_moe, make_inputs
 
 
@@ -37,8 +38,8 @@ def test_align_pairs_by_expert_pads_each_group() -> None:
     assert sorted_pairs.tolist() == [1, 4, 6, 6, 3, 6, 6, 6, 0, 2, 5, 6] + [6] * 8
 
 
-def test_triton_fused_moe_matches_reference_in_interpreter() -> None:
-    results = json_cases_in_interpreter("tests.kernels.moe_cases")
+def test_triton_fused_moe_matches_reference() -> None:
+    results = json_cases("tests.kernels.moe_cases")
     assert set(results) == {c[0] for c in CASES}
     for name, *_, dtype in CASES:
         assert results[name]["shape_ok"], name

@@ -3,7 +3,7 @@ for how cases run)."""
 
 import pytest
 
-from tests.kernels.harness import check_case, json_cases_in_interpreter, module_results
+from tests.kernels.harness import check_case, json_cases, module_results
 from tests.kernels.kernel_cases import LAYER_OPS_CASES
 from tests.kernels.layer_ops_model_cases import MODELS
 
@@ -21,7 +21,7 @@ def test_triton_layer_ops(name: str, results: dict[str, str | None]) -> None:
 
 
 def test_tiny_models_with_triton_layer_ops_match_hf() -> None:
-    results = json_cases_in_interpreter("tests.kernels.layer_ops_model_cases")
+    results = json_cases("tests.kernels.layer_ops_model_cases")
     assert set(results) == set(MODELS)
     for name in MODELS:
         assert results[name]["error"] is None, results[name]["error"]

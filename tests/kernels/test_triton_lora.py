@@ -1,9 +1,9 @@
 """The batched LoRA op: the CPU paths (services/worker/lora/ops.py) and the Triton kernels
-(kernels/triton_lora.py) against the torch reference. The Triton cases run under the
-interpreter at small shapes: rows of several slots and base rows mixed, shapes off the tile
-sizes (masked edges), slots zero-padded past their rank, bf16, a single row.
-Runnable as `python -m tests.kernels.test_triton_lora` (TRITON_INTERPRET=1): one JSON line per
-case. The pytest test runs that in a subprocess (tests/kernels/harness.py says why).
+(kernels/triton_lora.py) against the torch reference. The Triton cases, at small shapes, run
+compiled on CUDA and under the interpreter on CPU: rows of several slots and base rows mixed,
+shapes off the tile sizes (masked edges), slots zero-padded past their rank, bf16, a single row.
+Runnable as `python -m tests.kernels.test_triton_lora` (on KERNEL_TEST_DEVICE): one JSON line
+per case. The pytest test runs that in a subprocess (tests/kernels/harness.py says why).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 
 from services.worker.lora.ops import (SEGMENT_MIN_ROWS, LoraBatch, grouped_lora_add,
                                       masked_lora_add, ref_lora_add, segment_lora_add)
-from tests.kernels.harness import json_cases_in_interpreter
+from tests.kernels.harness import DEVICE, json_cases
 from tests.kernels.test_triton_w4a16 import error_in_bounds
 
 # (name, rows, K, N, slots, max rank, dtype)
@@ -124,14 +124,17 @@ def _compare_triton_with_reference() -> None:
         ref_lora_add(want, x, lora_a, lora_b, scales, token_slots)
         base_rows = token_slots < 0
         lora_b_view = lora_b.permute(1, 0, 2).contiguous().permute(1, 0, 2)   # LoraLinear's
-        lora_add(y, x, lora_a, lora_b_view, scales, token_slots)
-        print(json.dumps({"case": name, "dtype_ok": y.dtype == dtype,
-                          "base_rows_kept": bool(torch.equal(y[base_rows], want[base_rows])),
-                          "err": error_in_bounds(y.float(), want.float(), dtype)}), flush=True)
+        y_dev = y.to(DEVICE)
+        lora_add(y_dev, x.to(DEVICE), lora_a.to(DEVICE), lora_b_view.to(DEVICE),
+                 scales.to(DEVICE), token_slots.to(DEVICE))
+        got = y_dev.cpu()
+        print(json.dumps({"case": name, "dtype_ok": got.dtype == dtype,
+                          "base_rows_kept": bool(torch.equal(got[base_rows], want[base_rows])),
+                          "err": error_in_bounds(got.float(), want.float(), dtype)}), flush=True)
 
 
-def test_triton_lora_matches_reference_in_interpreter() -> None:
-    results = json_cases_in_interpreter("tests.kernels.test_triton_lora")
+def test_triton_lora_matches_reference() -> None:
+    results = json_cases("tests.kernels.test_triton_lora")
     assert set(results) == {c[0] for c in CASES}
     for result in results.values():
         assert result["dtype_ok"] and result["base_rows_kept"] and result["err"] <= 1, result

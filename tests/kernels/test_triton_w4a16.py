@@ -1,22 +1,23 @@
 """The Triton W4A16 GEMM (kernels/triton_w4a16.py) against the torch reference
-(checkpoint_quant/reference.py), run under the interpreter at small shapes: symmetric and
-asymmetric zero points, a group size and one group (-1), act-order g_idx, fp32 and bf16
-activations, shapes off the tile sizes (masked edges), and the model's W4A16Linear over
-fused parts with a bias.
-Runnable as `python -m tests.kernels.test_triton_w4a16` (TRITON_INTERPRET=1): one JSON line
+(checkpoint_quant/reference.py) at small shapes, compiled on CUDA and under the interpreter on
+CPU: symmetric and asymmetric zero points, a group size and one group (-1), act-order g_idx,
+fp32 and bf16 activations, shapes off the tile sizes (masked edges), and the model's
+W4A16Linear over fused parts with a bias.
+Runnable as `python -m tests.kernels.test_triton_w4a16` (on KERNEL_TEST_DEVICE): one JSON line
 per case. The pytest test runs that in a subprocess (tests/kernels/harness.py says why).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 
 import torch
 
 from services.worker.models.checkpoint_quant.int4_packing import pack_rows
 from services.worker.models.checkpoint_quant.int4_weight import Int4Weight
 from services.worker.models.checkpoint_quant.reference import dequantize_int4, w4a16_linear
-from tests.kernels.harness import json_cases_in_interpreter
+from tests.kernels.harness import DEVICE, json_cases
 
 # (name, M, K, N, group_size (-1: one group), symmetric, act order, activation dtype)
 CASES = [
@@ -53,14 +54,17 @@ def _compare_triton_with_reference() -> None:
 
     for name, *shape, dtype in CASES:
         inputs = make_inputs(*shape, dtype)
-        _report(name, w4a16_gemm(*inputs), w4a16_linear(*inputs), dtype)
+        got = w4a16_gemm(*(t.to(DEVICE) for t in inputs)).cpu()
+        _report(name, got, w4a16_linear(*inputs), dtype)
     # The model's linear: q/k/v-like parts fused along N, plus a bias.
     parts = [Int4Weight(*make_inputs(3, 64, n, 32, False, False, torch.float32)[1:])
              for n in (32, 16, 16)]
     weight = Int4Weight.cat(parts)
     x, bias = torch.randn(3, 64), torch.randn(64)
     want = x @ weight.dequantize().t() + bias
-    _report(FUSED_LINEAR_CASE, W4A16Linear(weight, bias)(x), want, torch.float32)
+    on_device = Int4Weight(*(getattr(weight, f.name).to(DEVICE) for f in fields(weight)))
+    got = W4A16Linear(on_device, bias.to(DEVICE))(x.to(DEVICE)).cpu()
+    _report(FUSED_LINEAR_CASE, got, want, torch.float32)
 
 
 def _report(name: str, got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
@@ -87,8 +91,8 @@ def test_reference_dequantizes_each_row_by_its_group() -> None:
     assert w[n, k] == (int(codes[k, n]) - int(zeros[group, n])) * float(scales[group, n])
 
 
-def test_triton_w4a16_matches_reference_in_interpreter() -> None:
-    results = json_cases_in_interpreter("tests.kernels.test_triton_w4a16")
+def test_triton_w4a16_matches_reference() -> None:
+    results = json_cases("tests.kernels.test_triton_w4a16")
     assert set(results) == {c[0] for c in CASES} | {FUSED_LINEAR_CASE}
     for name in results:
         result = results[name]

@@ -2,8 +2,9 @@
 
 Steps come from tests/worker/attention_cases.py (decodes, fresh prefills, chunks after a cached
 context); each runs with a layer whose window is shorter than most of its contexts. Runnable
-as `python -m tests.kernels.window_backend_cases` (with TRITON_INTERPRET=1): runs the triton
-backend and prints one JSON line of max error per case.
+as `python -m tests.kernels.window_backend_cases` (see harness.json_cases): runs the triton
+backend on KERNEL_TEST_DEVICE (compiled on CUDA, the interpreter on CPU) and prints one JSON
+line of max error per case.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ import sys
 import torch
 
 from kernels.reference import ref_paged_prefill_attention
-from services.worker.attention.backend import AttentionBackend, AttentionLayer, KVCache
-from tests.worker.attention_cases import BLOCK_SIZE, AttentionCase, Step, make_step
+from services.worker.attention.backend import AttentionBackend, AttentionLayer
+from tests.kernels.harness import DEVICE
+from tests.worker.attention_cases import (BLOCK_SIZE, AttentionCase, Step, make_step, step_on,
+                                          unit_kv_cache)
 
 # (case, window, soft-cap): windows shorter than a block and longer, one spanning blocks.
 CASES = [
@@ -46,8 +49,7 @@ def run_backend(backend_cls: type[AttentionBackend], case: AttentionCase, step: 
                 layer: AttentionLayer) -> torch.Tensor:
     """The backend's output [T, Hq * D] for the step, on copies of its caches."""
     backend = backend_cls(case.num_heads, case.num_kv_heads, case.head_dim, 1.0, BLOCK_SIZE)
-    kv_cache = KVCache(step.key_cache.clone(), step.value_cache.clone(),
-                       k_scale_tensor=torch.ones(1), v_scale_tensor=torch.ones(1))
+    kv_cache = unit_kv_cache(step)
     return backend.forward(step.query, step.key, step.value, kv_cache,
                            backend.build_metadata(step.common), layer)
 
@@ -70,7 +72,7 @@ def _compare_triton_with_reference() -> None:
 
     for case, window, cap in CASES:
         step, layer = make_step(case), layer_of(case, window, cap)
-        got = run_backend(TritonAttentionBackend, case, step, layer)
+        got = run_backend(TritonAttentionBackend, case, step_on(step, DEVICE), layer).cpu()
         want = run_reference(step, layer)
         print(json.dumps({"case": case.name,
                           "err": float((got.float() - want.float()).abs().max())}), flush=True)

@@ -1,20 +1,22 @@
 """Mixed paged-attention steps for backend tests: decodes, fresh prefills, chunks after a prefix.
 
-Also runnable as `python -m tests.worker.attention_cases` (with TRITON_INTERPRET=1): runs the
-triton backend against the torch backend and prints one JSON line of max errors per case.
+Also runnable as `python -m tests.worker.attention_cases` (see tests/kernels/harness.py
+json_cases): runs the triton backend on KERNEL_TEST_DEVICE (compiled on CUDA, the interpreter
+on CPU) against the torch backend on CPU and prints one JSON line of max errors per case.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import torch
 
 from kernels.reference import ref_paged_prefill_attention, ref_reshape_and_cache
 from services.worker.attention.backend import AttentionBackend, CommonAttentionMetadata, KVCache
+from tests.kernels.harness import DEVICE
 
 BLOCK_SIZE = 16
 
@@ -96,13 +98,28 @@ def make_step(case: AttentionCase, seed: int = 0) -> Step:
                 key_cache, value_cache, common)
 
 
+def step_on(step: Step, device: str) -> Step:
+    """The step with its tensors on `device` (host arrays stay)."""
+    def moved(obj: Step | CommonAttentionMetadata) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(obj, f.name).to(device) for f in fields(obj)
+                if isinstance(getattr(obj, f.name), torch.Tensor)}
+
+    return replace(step, common=replace(step.common, **moved(step.common)), **moved(step))
+
+
+def unit_kv_cache(step: Step) -> KVCache:
+    """Copies of the step's caches, fp8 scales 1, on the step's device."""
+    one = torch.ones(1, device=step.key_cache.device)
+    return KVCache(step.key_cache.clone(), step.value_cache.clone(), k_scale_tensor=one,
+                   v_scale_tensor=one.clone())
+
+
 def run_backend(backend_cls: type[AttentionBackend], case: AttentionCase,
                 step: Step) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(output [T, Hq * D], key cache, value cache after the write) on copies of the caches."""
     backend = backend_cls(case.num_heads, case.num_kv_heads, case.head_dim,
                           case.head_dim ** -0.5, BLOCK_SIZE)
-    kv_cache = KVCache(step.key_cache.clone(), step.value_cache.clone(),
-                       k_scale_tensor=torch.ones(1), v_scale_tensor=torch.ones(1))
+    kv_cache = unit_kv_cache(step)
     out = backend.forward(step.query, step.key, step.value, kv_cache,
                           backend.build_metadata(step.common))
     return out, kv_cache.key, kv_cache.value
@@ -127,7 +144,8 @@ def _compare_triton_with_torch() -> None:
     for case in CASES:
         step = make_step(case)
         want, want_k, want_v = run_backend(TorchAttentionBackend, case, step)
-        got, got_k, got_v = run_backend(TritonAttentionBackend, case, step)
+        got, got_k, got_v = (t.cpu() for t in run_backend(TritonAttentionBackend, case,
+                                                           step_on(step, DEVICE)))
         print(json.dumps({
             "case": case.name,
             "out": float((got.float() - want.float()).abs().max()),
