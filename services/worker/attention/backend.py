@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -75,7 +75,9 @@ class CommonAttentionMetadata:
 class AttentionBackend(ABC):
     """One instance per model; `forward` is called by every layer with that layer's cache."""
 
-    name: ClassVar[str]
+    name: str
+    """What the worker's start line calls the implementation that runs (`cpu`: the C++
+    kernels; `torch`: torch ops; `triton`)."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
                  block_size: int):

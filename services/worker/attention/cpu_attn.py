@@ -40,14 +40,14 @@ class CpuAttentionMetadata:
 
 
 class CpuAttentionBackend(TorchAttentionBackend):
-    name = "torch"
-
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
                  block_size: int, ops: ModuleType | None = None):
         """ops: the loaded kernels (default: load_cpu_kernels())."""
         super().__init__(num_heads, num_kv_heads, head_dim, scale, block_size)
         ops = ops or load_cpu_kernels()
         self.ops = ops if ops is not None and ops.supports_head_dim(head_dim) else None
+        # NOTE: the start line names what runs: the torch ops where no kernel fits the head size.
+        self.name = "cpu" if self.ops is not None else "torch"
 
     def build_metadata(self, common: CommonAttentionMetadata) -> Any:
         if self.ops is None:
