@@ -3,8 +3,8 @@
 Every service subclasses `Service` and fills in `setup` (subscribe, load), `drain` (finish
 in-flight work) and `readiness`. `run_service` runs one under uvloop: SIGTERM or SIGINT
 starts a drain bounded by --drain-timeout-s, then the process exits. While it runs, the
-service answers /health, /ready, /metrics and publishes a heartbeat every second, which is
-how the gateway knows what the mesh holds.
+service answers /health, /ready, /metrics (on its health port, and /metrics over NATS too)
+and publishes a heartbeat every second, which is how the gateway knows what the mesh holds.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from abc import ABC, abstractmethod
 from typing import ClassVar
 
 import uvloop
-from prometheus_client import CollectorRegistry
+from nats.aio.msg import Msg
+from prometheus_client import CollectorRegistry, generate_latest
 
 from services.common import wire
 from services.common.bus import Bus, BusError
@@ -97,6 +98,8 @@ class Service(ABC):
         self.log.info("health server listening", url=f"http://{self.settings.health_host}:{port}")
         with self.startup.phase("NATS connect"):
             self.bus = await Bus.for_settings(self.settings, name=self.instance_id)
+        await self.bus.client.subscribe(
+            self.subjects.service_metrics(self.name, self.instance_id), cb=self._on_metrics)
         self.background.spawn(self._heartbeat_loop(), name="heartbeat")
         try:
             setup = asyncio.create_task(self._timed_setup())
@@ -133,6 +136,10 @@ class Service(ABC):
         await self.setup()
         if len(self.startup.seconds) == named_before:
             self.startup.add("setup", time.perf_counter() - started)
+
+    async def _on_metrics(self, msg: Msg) -> None:
+        """/metrics over NATS: what a scrape of the health port returns."""
+        await msg.respond(generate_latest(self.registry))
 
     async def _heartbeat_loop(self) -> None:
         while True:

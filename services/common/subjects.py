@@ -42,6 +42,11 @@ class Subjects:
     def gateway_outputs(self, gateway_id: str) -> str:
         return f"{self.namespace}.gateway.{gateway_id}.outputs"
 
+    # Anyone -> one service instance, request/reply: its /metrics, Prometheus' text format
+    # (the gateway's /metrics re-exports every engine's series from its scheduler's).
+    def service_metrics(self, service: str, instance_id: str) -> str:
+        return f"{self.namespace}.metrics.{service}.{instance_id}"
+
     # Gateway -> one engine's scheduler.
     def engine_submit(self, engine_id: str) -> str:
         return f"{self.namespace}.engine.{engine_id}.submit"

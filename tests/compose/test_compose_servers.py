@@ -113,6 +113,9 @@ async def test_each_nats_role_is_refused_what_is_not_its_own(
     async def read_gateway_replies(c: nats.NATS) -> None:
         await c.subscribe("_INBOX_gateway.>")
 
+    async def answer_engine_metrics(c: nats.NATS) -> None:
+        await c.subscribe("mesh.metrics.scheduler.*")
+
     async def open_batch_records(c: nats.NATS) -> None:
         await c.jetstream(timeout=1.0).create_key_value(bucket="mesh-batches")
 
@@ -121,7 +124,8 @@ async def test_each_nats_role_is_refused_what_is_not_its_own(
                          ("worker", read_batch_files), ("kvstore", publish_step_output),
                          ("gateway", publish_step_output), ("batch", listen_to_submits),
                          ("scheduler", read_every_reply), ("batch", read_gateway_replies),
-                         ("kvstore", read_gateway_replies)):
+                         ("kvstore", read_gateway_replies),
+                         ("tokenizer", answer_engine_metrics)):
         assert await refusals(compose_nats, kind, action), \
             f"{kind} was allowed to {action.__name__}"
     # The same calls as the role that owns them pass.
@@ -129,6 +133,7 @@ async def test_each_nats_role_is_refused_what_is_not_its_own(
     assert await refusals(compose_nats, "gateway", read_gateway_replies) == []
     assert await refusals(compose_nats, "batch", open_batch_records) == []
     assert await refusals(compose_nats, "scheduler", listen_to_submits) == []
+    assert await refusals(compose_nats, "scheduler", answer_engine_metrics) == []
     assert await refusals(compose_nats, "worker", publish_step_output) == []
     assert compose_nats.permission_violations()   # the server logged what it refused
 
