@@ -117,12 +117,11 @@ class EngineMetrics:
 
 
 class GatewayMetrics:
-    """Request-level metrics as clients see them, on the gateway's /metrics."""
+    """Request-level metrics as clients see them, on the gateway's /metrics. vLLM's series
+    are labelled by the engine that served the request, as each engine labels its own."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        labels = ("model_name",)
-
-        def histogram(name: str, doc: str) -> Histogram:
+        def histogram(name: str, doc: str, labels: tuple[str, ...] = ENGINE_LABELS) -> Histogram:
             return Histogram(name, doc, labels, buckets=LATENCY_BUCKETS, registry=registry)
 
         self.time_to_first_token = histogram("vllm:time_to_first_token_seconds",
@@ -137,16 +136,19 @@ class GatewayMetrics:
                                               "First scheduled to first token, in the engine")
         self.request_decode_time = histogram("vllm:request_decode_time_seconds",
                                              "First token to last token, in the engine")
+        # (Tokenizer times: before an engine is chosen, or not the engine's.)
         self.tokenize_time = histogram("llm_mesh:tokenize_seconds",
-                                       "Gateway wait for a tokenizer to encode a prompt")
+                                       "Gateway wait for a tokenizer to encode a prompt",
+                                       ("model_name",))
         self.detokenize_time = histogram("llm_mesh:detokenize_seconds",
-                                         "Tokenizer time spent detokenizing one request")
+                                         "Tokenizer time spent detokenizing one request",
+                                         ("model_name",))
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens of finished requests",
-                                     labels, registry=registry)
+                                     ENGINE_LABELS, registry=registry)
         self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated",
-                                         labels, registry=registry)
+                                         ENGINE_LABELS, registry=registry)
         self.request_success = Counter("vllm:request_success", "Finished requests",
-                                       labels + ("finished_reason",), registry=registry)
+                                       ENGINE_LABELS + ("finished_reason",), registry=registry)
         self.rejections = Counter("llm_mesh:request_rejections",
                                   "Requests answered with an error before or while running",
                                   ("status", "code"), registry=registry)
@@ -161,6 +163,10 @@ class GatewayMetrics:
             "llm_mesh:request_migrations", "Running requests whose engine or tokenizer was "
             "lost: moved (continued elsewhere) or failed (no live one took over)",
             ("outcome",), registry=registry)
+        self.engine_scrape_failures = Counter(
+            "llm_mesh:engine_scrape_failures", "Scrapes of the gateway's /metrics that left "
+            "an engine's own series out: its scheduler did not answer in time", ("engine",),
+            registry=registry)
         self.request_stalls = Counter(
             "llm_mesh:request_stalls", "Running requests the stall watchdog moved: no output "
             "for --stall-timeout-s while their engine made no progress", registry=registry)

@@ -30,6 +30,7 @@ from services.common.jetstream import is_transient
 from services.common.packing import pack_int32, unpack_int32
 from services.gateway.authentication import Authentication
 from services.gateway.body import parse_body
+from services.gateway.engine_series import EngineSeries
 from services.gateway.files_batches import files_batches_router
 from services.gateway.lora_routes import lora_router, require_admin
 from services.gateway.responses_routes import responses_router
@@ -38,7 +39,9 @@ log = structlog.get_logger(__name__)
 VERSION = "0.1.0"
 
 
-def create_app(ctx: FrontendContext, registry: CollectorRegistry) -> FastAPI:
+def create_app(ctx: FrontendContext, registry: CollectorRegistry,
+               engine_series: EngineSeries | None = None) -> FastAPI:
+    """`engine_series`: every engine's own families on /metrics (the gateway service's)."""
     app = FastAPI(title="LLM Mesh", version=VERSION, docs_url=None, redoc_url=None)
     settings = ctx.settings
     api_keys = ApiKeys.from_settings(settings, settings.namespace)
@@ -144,7 +147,9 @@ def create_app(ctx: FrontendContext, registry: CollectorRegistry) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        body = (generate_latest(registry) if engine_series is None
+                else await engine_series.exposition(registry))
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(files_batches_router(ctx))
     app.include_router(responses_router(ctx))

@@ -37,9 +37,9 @@ class EngineCollector(Collector):
         external_hits = CounterMetricFamily(
             "vllm:external_prefix_cache_hits", "Prompt tokens found in the kvstore",
             labels=ENGINE_LABELS)
-        for instance in self._view.instances.values():
+        for instance in self._view.schedulers().values():   # one per engine
             info = instance.engine
-            if instance.service != "scheduler" or info is None:
+            if info is None:
                 continue
             labels = [info.model, instance.engine_id]
             running.add_metric(labels, info.num_running)

@@ -15,6 +15,7 @@ from services.common.metrics import GatewayMetrics
 from services.common.service import Service
 from services.gateway.app import create_app
 from services.gateway.engine_collector import EngineCollector
+from services.gateway.engine_series import EngineSeries
 from services.gateway.settings import GatewaySettings
 
 
@@ -41,7 +42,9 @@ class GatewayService(Service):
     async def setup(self) -> None:
         ctx = await self.frontend.start(self.connected_bus, self.subjects, self.instance_id,
                                         self.background)
-        self.app = create_app(ctx, self.registry)
+        engine_series = EngineSeries(self.connected_bus, self.subjects, ctx.view,
+                                     self.metrics.engine_scrape_failures)
+        self.app = create_app(ctx, self.registry, engine_series)
         config = uvicorn.Config(self.app, host=self.settings.host, port=self.settings.port,
                                 log_level="warning", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=int(self.settings.drain_timeout_s))

@@ -17,7 +17,7 @@ import pytest
 
 from tests.batch.polling import finished, wait_for
 from tests.compose.compose_nats import ComposeNats
-from tests.mesh import Mesh, http_post, serving
+from tests.mesh import Mesh, http_get, http_post, metric_value, serving
 
 pytestmark = pytest.mark.slow
 
@@ -85,4 +85,9 @@ def test_every_role_serves_its_part_and_nothing_is_refused(role_mesh: Mesh,
             await connection.close()
 
     assert asyncio.run(kv_events_stored()) > 0   # engines and the node published events
+    # The gateway's /metrics asks the scheduler for the engine's own series over NATS.
+    status, body = http_get(f"{role_mesh.base_url}/metrics")
+    assert status == 200
+    assert metric_value(body.decode(), "llm_mesh:engine_step_seconds_count",
+                        engine="engine-0") > 0
     assert compose_nats.permission_violations() == []

@@ -13,7 +13,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.mesh import Mesh, metric_value, serving
+from tests.mesh import Mesh, http_get, metric_value, serving
 
 pytestmark = pytest.mark.slow
 
@@ -79,10 +79,32 @@ def test_greedy_output_equals_the_output_without_speculation(mesh: Mesh,
     assert metric_value(text, "vllm:spec_decode_num_accepted_tokens_per_pos_total") == accepted
     assert metric_value(text, "vllm:spec_decode_num_accepted_tokens_per_pos_total",
                         position="0") > 0
+    assert_on_the_gateways_metrics(spec_mesh, text)
     log = spec_mesh.services["gateway"].log_path.read_text().splitlines()
     rates = [json.loads(line)["spec_acceptance_rate"] for line in log
              if '"request finished"' in line]
     assert any(rate is not None and 0 < rate <= 1 for rate in rates)   # the log line says it
+
+
+def assert_on_the_gateways_metrics(mesh: Mesh, scheduler_text: str) -> None:
+    """The gateway's /metrics, the one scrape target, carries the engine's own series (as
+    its scheduler just gave them) beside the request histograms, each labelled by engine."""
+    status, body = http_get(f"{mesh.base_url}/metrics")
+    assert status == 200
+    text = body.decode()
+    engine = {"engine": "engine-0"}
+    for name in ("vllm:spec_decode_num_accepted_tokens_total",
+                 "vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_drafts_total",
+                 "llm_mesh:engine_step_seconds_count", "llm_mesh:worker_execute_seconds_count"):
+        assert metric_value(text, name, **engine) == metric_value(scheduler_text, name), name
+    assert metric_value(text, "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+                        position="0", **engine) > 0
+    for name in ("vllm:time_to_first_token_seconds_count",
+                 "vllm:inter_token_latency_seconds_count", "vllm:request_queue_time_seconds_count",
+                 "vllm:e2e_request_latency_seconds_count"):
+        assert metric_value(text, name, **engine) > 0, name
+    types = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")]
+    assert len(types) == len(set(types)), "a family is exposed twice"
 
 
 def test_seeded_sampling_equals_the_output_without_speculation(mesh: Mesh,

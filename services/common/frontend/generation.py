@@ -378,15 +378,16 @@ class GenerationRun:
     def _account(self, delta: TextDelta) -> None:
         index = delta.index
         self._num_tokens[index] = self._num_tokens.get(index, 0) + delta.num_new_tokens
-        self.timer.on_output(index, delta.num_new_tokens)
+        generation = self.generations[index]
+        self.timer.on_output(index, delta.num_new_tokens, generation.engine_id)
         self._settle_route()
         if delta.finish is not None:
             self._num_finished += 1
             if self.router is not None and index == 0:
                 self.router.observe_cached(delta.finish.num_cached_tokens)
-            generation = self.generations[index]
             self.timer.on_finished(index, generation.request_id, delta.finish,
-                                   self._num_tokens[index], count_prompt=index % self._n == 0,
+                                   self._num_tokens[index], generation.engine_id,
+                                   count_prompt=index % self._n == 0,
                                    num_moves=generation.num_moves)
 
     def prompt_token_ids(self, prompt_index: int) -> list[int]:
@@ -410,7 +411,8 @@ class GenerationRun:
         for generation in self.generations:
             if not generation.finished:
                 self.timer.on_aborted(generation.index, generation.request_id,
-                                      self._num_tokens.get(generation.index, 0))
+                                      self._num_tokens.get(generation.index, 0),
+                                      generation.engine_id)
         await self.client.abort(self.generations)
 
     async def _release_all(self) -> None:

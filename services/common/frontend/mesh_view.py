@@ -133,9 +133,9 @@ class MeshView:
                 and self.clock() - instance.progress_at >= self.stall_after_s)
 
     def _scheduler_of(self, engine_id: str) -> Instance | None:
-        return self._schedulers().get(engine_id)
+        return self.schedulers().get(engine_id)
 
-    def _schedulers(self) -> dict[str, Instance]:
+    def schedulers(self) -> dict[str, Instance]:
         """Engine id -> its scheduler instance: of those ready, the one heard from last. A
         restarted scheduler's old instance stays in the view, with its last (ready)
         heartbeat, until the sweep drops it; once the new one is ready it is the engine.
@@ -151,7 +151,7 @@ class MeshView:
 
     def ready_engines(self, model: str | None = None) -> list[EngineView]:
         engines = []
-        for inst in self._schedulers().values():
+        for inst in self.schedulers().values():
             info = inst.engine
             if not inst.ready or info is None:
                 continue

@@ -40,40 +40,45 @@ class RequestTimer:
         self._route = {"route": reason, "predicted_cached_tokens": num_predicted_cached_tokens,
                        "session": session_id or None}
 
-    def on_output(self, index: int, num_new_tokens: int) -> None:
+    def on_output(self, index: int, num_new_tokens: int, engine_id: str) -> None:
+        """`engine_id`: the engine the choice runs on (it labels vLLM's series)."""
         if not num_new_tokens:
             return
         now = time.perf_counter()
         previous = self._last_output.get(index)
         if previous is None:
             self._first_output[index] = now
-            self._metrics.time_to_first_token.labels(self._model).observe(now - self.arrived)
+            self._metrics.time_to_first_token.labels(self._model, engine_id).observe(
+                now - self.arrived)
         else:
-            self._metrics.inter_token_latency.labels(self._model).observe(now - previous)
+            self._metrics.inter_token_latency.labels(self._model, engine_id).observe(
+                now - previous)
         self._last_output[index] = now
 
-    def on_aborted(self, index: int, request_id: str, num_output_tokens: int) -> None:
+    def on_aborted(self, index: int, request_id: str, num_output_tokens: int,
+                   engine_id: str) -> None:
         """The client went away (or the request failed at the gateway) before the end."""
         self.on_finished(index, request_id, wire.FinishInfo(
             request_id=request_id, finish_reason=wire.FinishReason.ABORT), num_output_tokens,
-            count_prompt=False)
+            engine_id, count_prompt=False)
 
     def on_finished(self, index: int, request_id: str, info: wire.FinishInfo,
-                    num_output_tokens: int, count_prompt: bool, num_moves: int = 0) -> None:
+                    num_output_tokens: int, engine_id: str, count_prompt: bool,
+                    num_moves: int = 0) -> None:
         now = time.perf_counter()
         metrics, model = self._metrics, self._model
         reason = _REASONS.get(info.finish_reason, "unknown")
         e2e = now - self.arrived
         first = self._first_output.get(index)
-        metrics.e2e_request_latency.labels(model).observe(e2e)
-        metrics.request_success.labels(model, reason).inc()
-        metrics.generation_tokens.labels(model).inc(num_output_tokens)
+        metrics.e2e_request_latency.labels(model, engine_id).observe(e2e)
+        metrics.request_success.labels(model, engine_id, reason).inc()
+        metrics.generation_tokens.labels(model, engine_id).inc(num_output_tokens)
         if count_prompt:
-            metrics.prompt_tokens.labels(model).inc(info.num_prompt_tokens)
+            metrics.prompt_tokens.labels(model, engine_id).inc(info.num_prompt_tokens)
         if info.queue_time_s or info.prefill_time_s:
-            metrics.request_queue_time.labels(model).observe(info.queue_time_s)
-            metrics.request_prefill_time.labels(model).observe(info.prefill_time_s)
-            metrics.request_decode_time.labels(model).observe(info.decode_time_s)
+            metrics.request_queue_time.labels(model, engine_id).observe(info.queue_time_s)
+            metrics.request_prefill_time.labels(model, engine_id).observe(info.prefill_time_s)
+            metrics.request_decode_time.labels(model, engine_id).observe(info.decode_time_s)
         metrics.detokenize_time.labels(model).observe(info.detokenize_time_s)
         log.info("request finished", request_id=request_id, api_key=self.key_id or None,
                  engine=info.engine_id, model=model,
