@@ -107,8 +107,12 @@ def _nbytes(spec: Spec) -> int:
     return torch.Size(spec[0]).numel() * spec[1].itemsize
 
 
+def _padded(nbytes: int) -> int:
+    return -(-nbytes // _ALIGN) * _ALIGN
+
+
 def _total_bytes(items: list[torch.Tensor] | list[Spec]) -> int:
-    return sum(-(-_nbytes(_spec(item)) // _ALIGN) * _ALIGN for item in items)
+    return sum(_padded(_nbytes(_spec(item))) for item in items)
 
 
 def _views(data: torch.Tensor, items: list[torch.Tensor] | list[Spec]) -> list[torch.Tensor]:
@@ -118,5 +122,5 @@ def _views(data: torch.Tensor, items: list[torch.Tensor] | list[Spec]) -> list[t
         shape, dtype = spec = _spec(item)
         nbytes = _nbytes(spec)
         views.append(data[offset:offset + nbytes].view(dtype).view(shape))
-        offset += -(-nbytes // _ALIGN) * _ALIGN
+        offset += _padded(nbytes)
     return views
