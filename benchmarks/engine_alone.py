@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from benchmarks.harness import distribution, markdown_table, print_preamble
-from services.common import wire
+from services.common import wire, wire_pb
 from services.common.model_files import resolve_model
 from services.scheduler.core import Request, Scheduler
 from services.scheduler.settings import SchedulerSettings
@@ -91,8 +91,8 @@ class EngineAlone:
             request_id = f"r{self._next_id}"
             self._next_id += 1
             prompt = [rng.randrange(100, self.info.vocab_size - 100) for _ in range(input_len)]
-            sampling = wire.SamplingParams(temperature=0.0, top_p=1.0, max_tokens=output_len,
-                                           ignore_eos=True, repetition_penalty=1.0)
+            sampling = wire_pb.SamplingParams(temperature=0.0, top_p=1.0, max_tokens=output_len,
+                                              ignore_eos=True, repetition_penalty=1.0)
             scheduler.add_request(Request(
                 request_id, prompt, max_tokens=output_len, ignore_eos=True,
                 eos_token_ids=self.info.eos_token_ids, arrival_time=scheduler.clock(),

@@ -41,7 +41,7 @@ from torch.autograd import DeviceType
 
 from benchmarks.harness import print_preamble
 from kernels import cpu_ops
-from services.common import wire
+from services.common import wire_pb
 from services.common.model_files import ModelFiles, resolve_model
 from services.common.packing import pack_int32
 from services.worker.model_loader import resolve_device
@@ -101,11 +101,11 @@ class Driver:
             times.append(out.execute_s)
         return times
 
-    def decode(self, handles: list[int]) -> wire.StepOutput:
+    def decode(self, handles: list[int]) -> wire_pb.StepOutput:
         return self._run([], handles, [1] * len(handles))
 
-    def run_with_new(self, request: wire.NewRequestData, num_tokens: int,
-                     cached: list[int]) -> wire.StepOutput:
+    def run_with_new(self, request: wire_pb.NewRequestData, num_tokens: int,
+                     cached: list[int]) -> wire_pb.StepOutput:
         """One step: `request`'s first num_tokens prompt tokens beside a token of each of
         `cached` (decoding)."""
         self.num_computed[request.handle] = 0
@@ -113,7 +113,8 @@ class Driver:
 
     def release(self, handles: list[int]) -> None:
         """Ends the requests; their blocks stay the caller's to hand out again."""
-        self.runner.execute(wire.StepInput(step=self.step, finished_handles=pack_int32(handles)))
+        self.runner.execute(wire_pb.StepInput(step=self.step,
+                                              finished_handles=pack_int32(handles)))
         self.step += 1
         for h in handles:
             del self.num_computed[h]
@@ -122,9 +123,9 @@ class Driver:
         self.release(handles)
         self.next_block = 1
 
-    def _run(self, new: list[wire.NewRequestData], cached: list[int],
-             sched: list[int]) -> wire.StepOutput:
-        step = wire.StepInput(
+    def _run(self, new: list[wire_pb.NewRequestData], cached: list[int],
+             sched: list[int]) -> wire_pb.StepOutput:
+        step = wire_pb.StepInput(
             step=self.step, new_requests=new, cached_handles=pack_int32(cached),
             cached_num_new_blocks=pack_int32([0] * len(cached)),
             cached_num_computed_tokens=pack_int32([self.num_computed[h] for h in cached]),
@@ -139,12 +140,12 @@ class Driver:
 
 
 def new_request(handle: int, tokens: Sequence[int],
-                blocks: Sequence[int]) -> wire.NewRequestData:
+                blocks: Sequence[int]) -> wire_pb.NewRequestData:
     """A greedy request of these prompt tokens on these KV blocks, never stopping at EOS."""
-    return wire.NewRequestData(
+    return wire_pb.NewRequestData(
         handle=handle, request_id=str(handle), token_ids=pack_int32(tokens),
         num_prompt_tokens=len(tokens), block_ids=pack_int32(blocks),
-        sampling=wire.SamplingParams(ignore_eos=True))
+        sampling=wire_pb.SamplingParams(ignore_eos=True))
 
 
 class StepPhases:

@@ -1,5 +1,8 @@
 """The NATS bus: services see typed protobuf messages, never bytes.
 
+Messages are betterproto's (services/common/wire) or, on the step path, the official
+runtime's (services/common/wire_pb): the bytes are the same protobuf either way.
+
 Connects with reconnect forever (a restarted NATS server is rejoined without restarting
 the service), publishes and requests wire messages, and runs subscription handlers that
 receive parsed messages. A handler's exception is logged and never kills the subscription.
@@ -15,6 +18,7 @@ from typing import TypeVar
 
 import betterproto
 import nats
+from google.protobuf.message import Message as PbMessage
 import nats.errors
 import structlog
 from nats.aio.client import Client
@@ -26,8 +30,19 @@ from services.common.tls import tls_context
 
 log = structlog.get_logger(__name__)
 
-M = TypeVar("M", bound=betterproto.Message)
-R = TypeVar("R", bound=betterproto.Message)
+Message = betterproto.Message | PbMessage
+M = TypeVar("M", betterproto.Message, PbMessage)
+R = TypeVar("R", betterproto.Message, PbMessage)
+
+
+def encode(message: Message) -> bytes:
+    return message.SerializeToString() if isinstance(message, PbMessage) else bytes(message)
+
+
+def decode(message_type: type[M], data: bytes) -> M:
+    if issubclass(message_type, PbMessage):
+        return message_type.FromString(data)
+    return message_type().parse(data)
 
 
 class BusError(Exception):
@@ -93,43 +108,43 @@ class Bus:
         was down may be lost, so work that spans a reconnect is re-synchronised."""
         return self.client.stats["reconnects"]
 
-    async def publish(self, subject: str, message: betterproto.Message) -> None:
-        await self.client.publish(subject, bytes(message))
+    async def publish(self, subject: str, message: Message) -> None:
+        await self.client.publish(subject, encode(message))
 
-    async def request(self, subject: str, message: betterproto.Message, reply_type: type[R],
+    async def request(self, subject: str, message: Message, reply_type: type[R],
                       timeout: float) -> R:
         try:
-            reply = await self.client.request(subject, bytes(message), timeout=timeout)
+            reply = await self.client.request(subject, encode(message), timeout=timeout)
         except nats.errors.NoRespondersError as exc:
             raise NoResponders(f"no service answers on {subject}") from exc
         except nats.errors.TimeoutError as exc:
             raise RequestTimeout(f"no reply on {subject} within {timeout:.1f} s") from exc
-        return reply_type().parse(reply.data)
+        return decode(reply_type, reply.data)
 
     async def subscribe(self, subject: str, message_type: type[M],
                         handler: Callable[[M], Awaitable[None]], queue: str = "") -> Subscription:
         async def on_message(msg: Msg) -> None:
             try:
-                await handler(message_type().parse(msg.data))
+                await handler(decode(message_type, msg.data))
             except Exception:
                 log.exception("message handler failed", subject=subject)
 
         return await self.client.subscribe(subject, queue=queue, cb=on_message)
 
     async def serve(self, subject: str, request_type: type[M],
-                    handler: Callable[[M], Awaitable[betterproto.Message]],
+                    handler: Callable[[M], Awaitable[Message]],
                     queue: str = "", *, concurrent: bool = False) -> Subscription:
         """Answers requests on `subject` with the handler's reply message, one request at a
         time; `concurrent`: each in its own task, so a handler that waits (on a download)
         holds up no other request."""
         async def answer(msg: Msg) -> None:
             try:
-                reply = await handler(request_type().parse(msg.data))
+                reply = await handler(decode(request_type, msg.data))
             except Exception:
                 log.exception("request handler failed", subject=subject)
                 return  # the requester times out; every handler answers its own errors
             if msg.reply:
-                await msg.respond(bytes(reply))
+                await msg.respond(encode(reply))
 
         if not concurrent:
             return await self.client.subscribe(subject, queue=queue, cb=answer)

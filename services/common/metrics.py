@@ -67,7 +67,7 @@ class EngineMetrics:
                                        "(schedule, encode, update, publish)",
                                        ENGINE_LABELS, buckets=STEP_BUCKETS, registry=registry)
         self.worker_call_time = Histogram("llm_mesh:worker_call_seconds",
-                                          "Round trip of one step to the worker (NATS, "
+                                          "Round trip of one step to the worker (transport, "
                                           "serialization and the forward pass)",
                                           ENGINE_LABELS, buckets=STEP_BUCKETS, registry=registry)
         self.worker_execute_time = Histogram("llm_mesh:worker_execute_seconds",
@@ -76,8 +76,12 @@ class EngineMetrics:
                                              registry=registry)
         self.step_messaging_time = Histogram(
             "llm_mesh:step_messaging_seconds",
-            "Per step: worker round trip minus the worker's own time (NATS and serialization)",
-            ENGINE_LABELS, buckets=STEP_BUCKETS, registry=registry)
+            "Per step: worker round trip minus the worker's own time (the step transport and "
+            "serialization)", ENGINE_LABELS, buckets=STEP_BUCKETS, registry=registry)
+        self.worker_step_transport = Gauge(
+            "llm_mesh:worker_step_transport",
+            "1 for how steps reach the worker now: local (a socket on this host) or nats",
+            ENGINE_LABELS + ("transport",), registry=registry)
         self.prefill_token_cap = gauge(
             "llm_mesh:prefill_token_cap",
             "Prompt tokens a step beside running decodes may carry (--max-itl-factor on the "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+from collections.abc import Iterable
 
 import numpy as np
 from nats.js import JetStreamContext
@@ -21,7 +22,7 @@ from nats.js.object_store import ObjectStore
 from safetensors.numpy import load as load_safetensors
 from safetensors.numpy import save as save_safetensors
 
-from services.common import wire
+from services.common import wire, wire_pb
 from services.common.block_hash import MultiModalSpan
 from services.common.subjects import Subjects
 
@@ -33,7 +34,8 @@ def mm_data_key(content_hash: str, processor_id: str) -> str:
     return f"{content_hash}.{hashlib.sha256(processor_id.encode()).hexdigest()[:16]}"
 
 
-def mm_spans(items: list[wire.MultiModalItem]) -> tuple[MultiModalSpan, ...]:
+def mm_spans(items: Iterable[wire.MultiModalItem | wire_pb.MultiModalItem]
+             ) -> tuple[MultiModalSpan, ...]:
     """The images' spans as block hashes take them."""
     return tuple(MultiModalSpan(i.offset, i.length, i.content_hash) for i in items)
 

@@ -85,6 +85,10 @@ class EngineSettings(ModelSettings):
         "117 ms at 128, 280 ms at 512; benchmarks.md section 10); on an accelerator, where "
         "a chunk costs about a decode step, raise it (vLLM: 8192)")
     seed: int = setting(0, "Random seed for unseeded sampling")
+    step_transport: str = setting(
+        "auto", "How a scheduler sends steps to its worker: auto (a local socket when both "
+        "run on one host and network namespace, NATS otherwise) or nats (always NATS)",
+        choices=("auto", "nats"))
     speculative_config: str = setting(
         "", "Speculative decoding, as vLLM's JSON (empty: off): method ngram (prompt lookup), "
         "suffix, or draft_model with a `model` of the target's tokenizer, e.g. "

@@ -61,6 +61,11 @@ class Subjects:
     def worker_step(self, engine_id: str) -> str:
         return f"{self.namespace}.engine.{engine_id}.worker.step"
 
+    def worker_step_channel(self, engine_id: str, incarnation: int) -> str:
+        """Not a subject: the abstract Unix socket name of the worker's local step channel
+        (services/common/step_channel.py); each worker start listens on a new one."""
+        return f"llm-mesh/{self.namespace}/engine/{engine_id}/worker/{incarnation}/step"
+
     def worker_info(self, engine_id: str) -> str:
         return f"{self.namespace}.engine.{engine_id}.worker.info"
 

@@ -6,7 +6,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from services.common import wire
+from services.common import wire, wire_pb
 from services.common.bus import Bus
 from services.common.packing import (
     FLOAT32,
@@ -52,7 +52,7 @@ class DeltaPublisher:
         self._engine_id = engine_id
         self._step = 0
 
-    async def publish(self, outputs: list[EngineCoreOutput], step_output: wire.StepOutput,
+    async def publish(self, outputs: list[EngineCoreOutput], step_output: wire_pb.StepOutput,
                       tokenizer_of: Mapping[str, str],
                       request_id_of_handle: Mapping[int, str]) -> None:
         batches: dict[str, _TokenizerBatch] = defaultdict(_TokenizerBatch)
@@ -141,14 +141,17 @@ def request_timing(request: Request, engine_id: str) -> wire.FinishInfo:
     return info
 
 
-def _logprob_entries(step_output: wire.StepOutput, request_id_of_handle: Mapping[int, str]
+def _logprob_entries(step_output: wire_pb.StepOutput, request_id_of_handle: Mapping[int, str]
                      ) -> Iterable[tuple[str, wire.RequestLogprobs]]:
     """Splits the step's logprob columns into one entry per request."""
     for chunk in step_output.prompt_logprobs:
         request_id = request_id_of_handle.get(chunk.handle)
         if request_id is not None:
-            yield request_id, wire.RequestLogprobs(request_id=request_id, is_prompt=True,
-                                                   columns=chunk.columns)
+            c = chunk.columns
+            yield request_id, wire.RequestLogprobs(
+                request_id=request_id, is_prompt=True, columns=wire.LogprobColumns(
+                    token_ids=c.token_ids, logprobs=c.logprobs, num_top=c.num_top,
+                    top_token_ids=c.top_token_ids, top_logprobs=c.top_logprobs))
     if not step_output.logprob_handles:
         return
     columns = step_output.logprobs

@@ -32,6 +32,7 @@ class EngineStats:
         self.worker_call_time = metrics.worker_call_time.labels(*labels)
         self.worker_execute_time = metrics.worker_execute_time.labels(*labels)
         self.messaging_time = metrics.step_messaging_time.labels(*labels)
+        self._step_transport = metrics.worker_step_transport
         self.rejections = metrics.admission_rejections.labels(*labels)
         self._success = metrics.request_success
         self.spec_drafts = metrics.spec_decode_num_drafts.labels(*labels)
@@ -104,6 +105,10 @@ class EngineStats:
             self._spec_accepted_per_pos.labels(*self._labels, str(position)).inc(
                 count - previous)
         self._seen_spec = spec
+
+    def on_step_transport(self, transport: str) -> None:
+        for name in ("local", "nats"):
+            self._step_transport.labels(*self._labels, name).set(int(name == transport))
 
     def on_step_times(self, step_s: float, worker_call_s: float, execute_s: float) -> None:
         self.step_time.observe(step_s)

@@ -8,7 +8,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-from services.common import wire
+from services.common import wire, wire_pb
 from services.common.logs import request_log_context
 from services.common.metrics import EngineMetrics
 from services.common.mm_inputs import mm_spans
@@ -37,7 +37,7 @@ _ABORT_STATUS = {
 class _SentStep:
     """A step on its way to or through the worker."""
     output: SchedulerOutput
-    call: asyncio.Task[wire.StepOutput]
+    call: asyncio.Task[wire_pb.StepOutput]
     started: float   # perf_counter when its scheduling began
     sent: float      # ... when it went to the worker
 
@@ -47,7 +47,7 @@ class _SentStep:
         self.call.add_done_callback(_retrieve_exception)
 
 
-def _retrieve_exception(task: asyncio.Task[wire.StepOutput]) -> None:
+def _retrieve_exception(task: asyncio.Task[wire_pb.StepOutput]) -> None:
     # NOTE: an abandoned step that failed first (the worker died under both) must not be
     # logged as "exception never retrieved": the step loop already handled the loss.
     if not task.cancelled():
@@ -84,12 +84,15 @@ class SchedulerService(Service):
         self.deltas = DeltaPublisher(bus, self.subjects, self.engine_id)
         self.worker = WorkerLink(bus, self.subjects, self.engine_id, self.log,
                                  self.settings.worker_step_timeout_s,
-                                 self.settings.worker_heartbeat_timeout_s)
+                                 self.settings.worker_heartbeat_timeout_s,
+                                 self.settings.step_transport)
         await self.worker.start(self.background)
         self.kv = KVConnectorRuntime(self.settings, bus, self.subjects, self.instance_id,
                                      self.metrics, self.log)
         await self.kv.start()
-        await bus.serve(self.subjects.engine_submit(self.engine_id), wire.GenerateRequest,
+        # NOTE: parsed by upb: what the worker needs of a request (sampling, adapter,
+        # images) then travels in its first step without a betterproto round trip.
+        await bus.serve(self.subjects.engine_submit(self.engine_id), wire_pb.GenerateRequest,
                         self.on_submit)
         await bus.subscribe(self.subjects.engine_abort(self.engine_id), wire.AbortRequest,
                             self.on_abort)
@@ -149,11 +152,11 @@ class SchedulerService(Service):
 
     # ---- requests from gateways and tokenizers
 
-    async def on_submit(self, message: wire.GenerateRequest) -> wire.SubmitReply:
+    async def on_submit(self, message: wire_pb.GenerateRequest) -> wire.SubmitReply:
         with request_log_context(message.request_id):
             return await self._submit(message)
 
-    async def _submit(self, message: wire.GenerateRequest) -> wire.SubmitReply:
+    async def _submit(self, message: wire_pb.GenerateRequest) -> wire.SubmitReply:
         if self.stopping.is_set():
             return wire.SubmitReply(http_status=503, error="the engine is draining",
                                     error_code="engine_draining", retry_after_s=1.0)
@@ -184,7 +187,7 @@ class SchedulerService(Service):
         self._has_work.set()
         return wire.SubmitReply(accepted=True, scheduler_id=self.instance_id)
 
-    def _make_request(self, message: wire.GenerateRequest) -> Request:
+    def _make_request(self, message: wire_pb.GenerateRequest) -> Request:
         assert self.scheduler is not None and self.worker is not None
         sampling = message.sampling
         vocab_size = self.worker.info.vocab_size if self.worker.info is not None else 0
@@ -200,14 +203,13 @@ class SchedulerService(Service):
             eos_token_ids=self.worker.eos_token_ids, ignore_eos=sampling.ignore_eos,
             priority=message.priority, arrival_time=self.scheduler.clock(),
             cache_salt=message.cache_salt,
-            skip_prefix_cache=sampling.prompt_logprobs is not None,
+            skip_prefix_cache=sampling.HasField("prompt_logprobs"),
             sampling=sampling, block_hasher=self.scheduler.block_hasher,
             has_grammar=sampling.grammar.kind != wire.GrammarKind.NONE,
             grammar_after_reasoning=bool(sampling.grammar.reasoning.end_token_ids),
             do_remote_decode=message.do_remote_decode,
-            lora_id=message.lora.lora_id if message.lora is not None else 0,
-            lora=message.lora if message.lora is not None and message.lora.lora_id else None,
-            mm_spans=mm_spans(message.mm_items), mm_items=message.mm_items or None)
+            lora_id=message.lora.lora_id, lora=message.lora if message.lora.lora_id else None,
+            mm_spans=mm_spans(message.mm_items), mm_items=list(message.mm_items) or None)
         if message.deadline_s > 0:
             request.deadline = request.arrival_time + message.deadline_s
         return request
@@ -240,6 +242,8 @@ class SchedulerService(Service):
                 await self._count_restart()
             lost = None
             await self._attach_worker(info)
+            if self.stats is not None:
+                self.stats.on_step_transport(self.worker.transport)
             try:
                 await self._step_while_worker_unchanged(info.incarnation)
             except StepFailed as exc:
@@ -459,7 +463,7 @@ class SchedulerService(Service):
         held = self.kv.release_held(self.scheduler)
         if held:
             self.stats.on_outputs(held, time.monotonic())
-            await self.deltas.publish(held, wire.StepOutput(), self.tokenizer_of,
+            await self.deltas.publish(held, wire_pb.StepOutput(), self.tokenizer_of,
                                       self.request_id_of_handle)
             for output in held:
                 self._forget(output.request_id, output.handle)

@@ -5,20 +5,28 @@ that starts later asks for it. Each worker start has a new incarnation number: a
 incarnation holds no request rows, so what ran on the old one is lost. The worker's
 heartbeats prove it alive while a long step runs, so a dead worker is noticed within
 seconds rather than at the step timeout.
+
+Steps go over the worker's local step channel when it runs on this host
+(services/common/step_channel.py: a socket, so a worker that dies is noticed at once), else
+over NATS request/reply. Either way they are the same upb-encoded bytes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 
 import structlog
 
-from services.common import wire
+from services.common import wire, wire_pb
 from services.common.bus import Bus, BusError
 from services.common.packing import unpack_int32
+from services.common.step_channel import ChannelClosed, StepChannelClient, host_identity
 from services.common.subjects import Subjects
 from services.common.tasks import BackgroundTasks
+
+_WATCH_INTERVAL_S = 0.5   # how often steps in flight are checked against the worker's state
 
 
 class WorkerGone(Exception):
@@ -29,27 +37,62 @@ class StepFailed(WorkerGone):
     """The worker answered a step with an error: running it again would fail again."""
 
 
+@dataclass(eq=False, slots=True)
+class _StepCall:
+    """A step sent and not answered yet, with what its fate depends on."""
+    reply: asyncio.Future[bytes | wire_pb.StepOutput]   # the channel's bytes, or NATS's reply
+    incarnation: int
+    reconnects: tuple[int, int] | None = None   # NATS steps: (ours, the worker's) when sent
+    request: asyncio.Task[wire_pb.StepOutput] | None = None   # NATS steps: the request
+
+    def give_up(self, reason: BaseException | None = None) -> None:
+        """Nobody takes its reply: fails it with `reason` (else cancels it)."""
+        if not self.reply.done():
+            if reason is None:
+                self.reply.cancel()
+            else:
+                self.reply.set_exception(reason)
+        if self.request is not None:
+            self.request.cancel()
+
+
+def _settle(reply: asyncio.Future[bytes | wire_pb.StepOutput],
+            request: asyncio.Task[wire_pb.StepOutput]) -> None:
+    if reply.done():
+        return
+    if request.cancelled():
+        reply.cancel()
+    elif (exc := request.exception()) is not None:
+        reply.set_exception(exc)
+    else:
+        reply.set_result(request.result())
+
+
 class WorkerLink:
     def __init__(self, bus: Bus, subjects: Subjects, engine_id: str,
                  log: structlog.stdlib.BoundLogger, step_timeout_s: float,
-                 heartbeat_timeout_s: float) -> None:
+                 heartbeat_timeout_s: float, step_transport: str = "auto") -> None:
         self._bus = bus
         self._subjects = subjects
         self._engine_id = engine_id
         self._log = log
         self._step_timeout_s = step_timeout_s
         self._heartbeat_timeout_s = heartbeat_timeout_s
+        self._use_local_channel = step_transport == "auto"
         self.info: wire.WorkerInfo | None = None
         self.eos_token_ids: list[int] = []
         self.changed = asyncio.Event()   # set when a (new) worker incarnation appears
         self._last_heartbeat = 0.0
         self._worker_reconnects = 0      # the worker's NATS reconnects, from its heartbeats
+        self._channel: StepChannelClient | None = None
+        self._calls: set[_StepCall] = set()
 
     async def start(self, tasks: BackgroundTasks) -> None:
         await self._bus.subscribe(self._subjects.worker_hello(self._engine_id), wire.WorkerInfo,
                                   self._on_hello)
         await self._bus.subscribe(self._subjects.heartbeat, wire.Heartbeat, self._on_heartbeat)
         tasks.spawn(self._ask_for_info(), name="ask the worker for its info")
+        tasks.spawn(self._watch_calls(), name="watch steps in flight")
 
     @property
     def is_alive(self) -> bool:
@@ -58,6 +101,11 @@ class WorkerLink:
     @property
     def is_ready(self) -> bool:
         return self.info is not None and self.is_alive
+
+    @property
+    def transport(self) -> str:
+        """Where steps go now: "local" (the step channel) or "nats"."""
+        return "local" if self._channel is not None and self._channel.is_open else "nats"
 
     async def wait_ready(self) -> wire.WorkerInfo:
         while not self.is_ready:
@@ -69,33 +117,58 @@ class WorkerLink:
         assert self.info is not None
         return self.info
 
-    async def execute(self, step: wire.StepInput, incarnation: int) -> wire.StepOutput:
+    async def execute(self, step: wire_pb.StepInput, incarnation: int) -> wire_pb.StepOutput:
         """Runs one step on the worker incarnation the caller's state belongs to."""
         self._check(incarnation)
-        reconnects = (self._bus.reconnects, self._worker_reconnects)
-        call = asyncio.create_task(self._bus.request(
-            self._subjects.worker_step(self._engine_id), step, wire.StepOutput,
-            timeout=self._step_timeout_s))
+        call = self._send(step, incarnation)
+        self._calls.add(call)
         try:
-            while not call.done():
-                await asyncio.wait({call}, timeout=0.5)
-                if call.done():
-                    break
-                if not self.is_alive:
-                    raise WorkerGone("no heartbeat from the worker")
-                if (self._bus.reconnects, self._worker_reconnects) != reconnects:
-                    # The step or its reply may be lost: its fate is unknown.
-                    raise WorkerGone("a NATS reconnect interrupted the step")
-                self._check(incarnation)
-        finally:
-            call.cancel()   # a no-op once it is done; else nobody waits for its reply
-        try:
-            output = call.result()
+            reply = await call.reply
+        except ChannelClosed as exc:
+            self._last_heartbeat = 0.0   # its process is gone: wait for its next start
+            raise WorkerGone(str(exc)) from exc
         except BusError as exc:
             raise WorkerGone(str(exc)) from exc
+        finally:
+            self._calls.discard(call)
+            call.give_up()   # a no-op once it is answered
+        output = wire_pb.StepOutput.FromString(reply) if isinstance(reply, bytes) else reply
         if output.error:
             raise StepFailed(f"step failed on the worker: {output.error}")
         return output
+
+    def _send(self, step: wire_pb.StepInput, incarnation: int) -> _StepCall:
+        if self.transport == "local":
+            assert self._channel is not None
+            return _StepCall(self._channel.send(step.SerializeToString()), incarnation)
+        reply: asyncio.Future[bytes | wire_pb.StepOutput] = (
+            asyncio.get_running_loop().create_future())
+        request = asyncio.create_task(self._bus.request(
+            self._subjects.worker_step(self._engine_id), step, wire_pb.StepOutput,
+            timeout=self._step_timeout_s))
+        request.add_done_callback(lambda done: _settle(reply, done))
+        return _StepCall(reply, incarnation, (self._bus.reconnects, self._worker_reconnects),
+                         request)
+
+    async def _watch_calls(self) -> None:
+        """Fails the steps in flight whose worker is gone, changed or lost touch: without a
+        reply they would wait for the step timeout."""
+        while True:
+            await asyncio.sleep(_WATCH_INTERVAL_S)
+            for call in list(self._calls):
+                if (reason := self._lost_reason(call)) is not None:
+                    call.give_up(WorkerGone(reason))
+
+    def _lost_reason(self, call: _StepCall) -> str | None:
+        if not self.is_alive:
+            return "no heartbeat from the worker"
+        if self.info is None or self.info.incarnation != call.incarnation:
+            return "the worker restarted"
+        if (call.reconnects is not None
+                and (self._bus.reconnects, self._worker_reconnects) != call.reconnects):
+            # The step or its reply may be lost: its fate is unknown.
+            return "a NATS reconnect interrupted the step"
+        return None
 
     def _check(self, incarnation: int) -> None:
         if self.info is None or self.info.incarnation != incarnation:
@@ -115,13 +188,28 @@ class WorkerLink:
     async def _on_hello(self, info: wire.WorkerInfo) -> None:
         if self.info is not None and info.incarnation == self.info.incarnation:
             return
+        await self._open_channel(info)
         self._log.info("worker joined", worker_id=info.worker_id, num_blocks=info.num_blocks,
                        block_size=info.block_size, max_model_len=info.max_model_len,
-                       restarted=self.info is not None)
+                       step_transport=self.transport, restarted=self.info is not None)
         self.info = info
         self.eos_token_ids = unpack_int32(info.eos_token_ids).tolist()
         self._last_heartbeat = time.monotonic()
         self.changed.set()
+
+    async def _open_channel(self, info: wire.WorkerInfo) -> None:
+        """Connects to the new incarnation's local step channel where it can be reached."""
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        if not (self._use_local_channel and info.step_channel
+                and info.host_id and info.host_id == host_identity()):
+            return
+        try:
+            self._channel = await StepChannelClient.connect(info.step_channel)
+        except OSError as exc:
+            self._log.warning("the worker's local step channel cannot be opened; stepping "
+                              "it over NATS", error=str(exc))
 
     async def _on_heartbeat(self, beat: wire.Heartbeat) -> None:
         if beat.service == "worker" and beat.engine_id == self._engine_id and beat.ready:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from services.common import wire
+from services.common import wire_pb
 from services.common.packing import unpack_float32, unpack_int32
 from services.worker.structured_outputs import StructuredOutputs
 
@@ -73,7 +73,7 @@ class InputBatch:
         except KeyError as e:
             raise InputBatchError(f"unknown request handle {e.args[0]}") from None
 
-    def add_request(self, new: wire.NewRequestData) -> None:
+    def add_request(self, new: wire_pb.NewRequestData) -> None:
         if new.handle in self.handle_to_row:
             self.remove_request(new.handle)  # resumed under the same handle: start over
         if not self._free_rows:
@@ -85,7 +85,7 @@ class InputBatch:
                                   f"over max_model_len={self.max_model_len}")
         if len(block_ids) > self.block_table.shape[1]:
             raise InputBatchError(f"request {new.request_id} has too many blocks")
-        sampling = new.sampling or wire.SamplingParams()
+        sampling = new.sampling
         output_start = self._output_start(sampling.grammar, new.num_prompt_tokens)
         row = self._free_rows.pop()
         self.handle_to_row[new.handle] = row
@@ -94,7 +94,7 @@ class InputBatch:
         self.num_prompt_tokens[row] = new.num_prompt_tokens
         self.num_computed_tokens[row] = new.num_computed_tokens
         self.num_draft_tokens[row] = 0
-        self.lora_ids[row] = new.lora.lora_id if new.lora is not None else 0
+        self.lora_ids[row] = new.lora.lora_id   # 0 (the base model) when unset
         self.block_table[row, :len(block_ids)] = block_ids
         self.num_blocks[row] = len(block_ids)
         self._set_sampling(row, sampling, has_outputs=len(token_ids) > new.num_prompt_tokens)
@@ -162,10 +162,10 @@ class InputBatch:
         if self.structured_outputs is not None:
             self.structured_outputs.accept_tokens(rows, token_ids)
 
-    def _output_start(self, grammar: wire.GrammarSpec, num_prompt_tokens: int) -> int | None:
+    def _output_start(self, grammar: wire_pb.GrammarSpec, num_prompt_tokens: int) -> int | None:
         """Where a constrained request's output starts in its tokens (None: unconstrained):
         after the prompt, less the outputs a moved request brings in its prompt."""
-        if grammar.kind == wire.GrammarKind.NONE:
+        if grammar.kind == wire_pb.GrammarKind.GRAMMAR_KIND_NONE:
             return None
         if self.structured_outputs is None:
             raise InputBatchError("this worker was built without structured outputs")
@@ -174,7 +174,7 @@ class InputBatch:
                                   f"the prompt")
         return num_prompt_tokens - grammar.num_resumed_tokens
 
-    def _set_sampling(self, row: int, sp: wire.SamplingParams, has_outputs: bool) -> None:
+    def _set_sampling(self, row: int, sp: wire_pb.SamplingParams, has_outputs: bool) -> None:
         # NOTE: proto3 zero values mean "unset"; map them (and out-of-range values) to "off".
         self.temperature[row] = max(sp.temperature, 0.0)
         self.top_p[row] = sp.top_p if 0.0 < sp.top_p < 1.0 else 1.0
@@ -184,16 +184,17 @@ class InputBatch:
         self.presence_penalty[row] = sp.presence_penalty
         self.frequency_penalty[row] = sp.frequency_penalty
         self.min_tokens[row] = sp.min_tokens
-        self.num_logprobs[row] = NO_LOGPROBS if sp.logprobs is None else sp.logprobs
+        wants_logprobs = sp.HasField("logprobs")
+        self.num_logprobs[row] = sp.logprobs if wants_logprobs else NO_LOGPROBS
         # NOTE: a request resumed after preemption with outputs already sent its prompt
         # logprobs before; recomputing its prompt must not send them twice.
-        wants_prompt_logprobs = sp.prompt_logprobs is not None and not has_outputs
+        wants_prompt_logprobs = sp.HasField("prompt_logprobs") and not has_outputs
         self.num_prompt_logprobs[row] = sp.prompt_logprobs if wants_prompt_logprobs else NO_LOGPROBS
         # NOTE: drafts are verified where one token's logprobs are reported per step.
         # Penalties count the drafts before each position (sampling_metadata), and grammars
         # mask each draft position (structured_outputs), so those rows speculate.
-        self.can_speculate[row] = sp.logprobs is None
-        if sp.seed is not None:
+        self.can_speculate[row] = not wants_logprobs
+        if sp.HasField("seed"):
             self.generators[row] = torch.Generator(self.device).manual_seed(sp.seed)
         if sp.logit_bias_token_ids:
             self.logit_bias[row] = (unpack_int32(sp.logit_bias_token_ids).astype(np.int64),

@@ -16,7 +16,7 @@ import numpy as np
 import structlog
 import torch
 
-from services.common import wire
+from services.common import wire_pb
 from services.common.metrics import EncoderCacheMetrics, GrammarMetrics
 from services.common.packing import unpack_int32
 from services.common.startup import StartupPhases
@@ -137,7 +137,7 @@ class ModelRunner:
             with startup.phase("warm-up"):
                 warm_up(self)
 
-    def execute(self, step: wire.StepInput) -> wire.StepOutput:
+    def execute(self, step: wire_pb.StepInput) -> wire_pb.StepOutput:
         """Runs one step. Never raises: a failure comes back as StepOutput.error."""
         started = time.perf_counter()
         try:
@@ -145,7 +145,7 @@ class ModelRunner:
                 out = self._execute(step)
         except Exception as e:  # noqa: BLE001 - the worker must outlive a bad step
             log.exception("step failed", step=step.step)
-            out = wire.StepOutput(step=step.step, error=f"{type(e).__name__}: {e}")
+            out = wire_pb.StepOutput(step=step.step, error=f"{type(e).__name__}: {e}")
         if self.lora is not None:
             self.lora.report(out)
         if self.multimodal is not None:
@@ -153,14 +153,14 @@ class ModelRunner:
         out.execute_s = time.perf_counter() - started
         return out
 
-    def _execute(self, step: wire.StepInput) -> wire.StepOutput:
+    def _execute(self, step: wire_pb.StepInput) -> wire_pb.StepOutput:
         self._update_states(step)
         connector = self.kv_connector
         if connector is not None:
             connector.before_forward(step)
         batch = prepare_step_batch(step, self.input_batch, self.block_size, self.device)
         if batch is None:
-            out = wire.StepOutput(step=step.step)
+            out = wire_pb.StepOutput(step=step.step)
             if connector is not None:
                 connector.finish_step(out, is_idle=True)
             return out
@@ -198,7 +198,7 @@ class ModelRunner:
             connector.finish_step(out, is_idle=False)
         return out
 
-    def _update_states(self, step: wire.StepInput) -> None:
+    def _update_states(self, step: wire_pb.StepInput) -> None:
         """Applies the step's diffs in the wire's order: finished, new, then cached requests."""
         if step.reset:
             self.input_batch.reset()

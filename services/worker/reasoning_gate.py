@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from services.common import wire
+from services.common import wire_pb
 from services.common.packing import unpack_int32
 
 
@@ -37,7 +37,7 @@ REASONING = GrammarStart(None)
 
 
 class ReasoningGate:
-    def __init__(self, markers: wire.ReasoningMarkers, output_start: int) -> None:
+    def __init__(self, markers: wire_pb.ReasoningMarkers, output_start: int) -> None:
         self._start = unpack_int32(markers.start_token_ids).tolist()
         self._end = unpack_int32(markers.end_token_ids)
         if not len(self._end):

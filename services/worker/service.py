@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
-from services.common import wire
+from services.common import wire, wire_pb
 from services.common.kv_data_plane import client_tls
 from services.common.metrics import EncoderCacheMetrics, GrammarMetrics
 from services.common.mm_inputs import MultiModalInputs
 from services.common.model_files import resolve_model
 from services.common.packing import pack_int32
 from services.common.service import Service
+from services.common.step_channel import StepChannelServer, host_identity
 from services.worker.kv.connector import WorkerKVConnector
 from services.worker.kv.transfer import KVTransferThread
 from services.worker.model_runner import ModelRunner, RunnerConfig
@@ -41,6 +43,12 @@ class WorkerService(Service):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-runner")
         self._incarnation = time.time_ns() & 0x7FFF_FFFF_FFFF_FFFF
         self._steps_in_flight = 0
+        # Steps from a scheduler on this host come over the local channel, in a thread of
+        # their own; NATS steps (another host) run on the executor. The lock keeps the runner
+        # to one step at a time across the two.
+        self._step_channel: StepChannelServer | None = None
+        self._step_channel_thread: threading.Thread | None = None
+        self._step_lock = threading.Lock()
         self._mm_inputs: MultiModalInputs | None = None   # vision models: preprocessed images
 
     async def setup(self) -> None:
@@ -66,11 +74,47 @@ class WorkerService(Service):
         if self.runner.multimodal is not None:
             self._mm_inputs = await MultiModalInputs.open(
                 bus.client.jetstream(), self.subjects, self.settings.jetstream_replicas)
-        await bus.serve(self.subjects.worker_step(self.settings.engine_id), wire.StepInput,
+        await bus.serve(self.subjects.worker_step(self.settings.engine_id), wire_pb.StepInput,
                         self.on_step)
+        if self.settings.step_transport == "auto":
+            self._open_step_channel(asyncio.get_running_loop())
         await bus.serve(self.subjects.worker_info(self.settings.engine_id),
                         wire.WorkerInfoRequest, self.on_info_request)
         await bus.publish(self.subjects.worker_hello(self.settings.engine_id), self.worker_info())
+
+    def _open_step_channel(self, loop: asyncio.AbstractEventLoop) -> None:
+        name = self.subjects.worker_step_channel(self.settings.engine_id, self._incarnation)
+        try:
+            self._step_channel = StepChannelServer(name)
+        except OSError as exc:
+            self.log.warning("local step channel unavailable; steps come over NATS",
+                             error=str(exc))
+            return
+        self._step_channel_thread = threading.Thread(
+            target=self._step_channel.serve, args=(partial(self._on_local_step, loop),),
+            name="step-channel", daemon=True)
+        self._step_channel_thread.start()
+
+    def _on_local_step(self, loop: asyncio.AbstractEventLoop, frame: bytes) -> bytes:
+        """A step from the local channel, run in its thread: no event loop on the way."""
+        try:
+            step = wire_pb.StepInput.FromString(frame)
+            if self._needs_images(step):
+                asyncio.run_coroutine_threadsafe(self._fetch_images(step), loop).result()
+        except Exception as exc:  # noqa: BLE001 - the step fails, the channel goes on
+            out = wire_pb.StepOutput(error=f"{type(exc).__name__}: {exc}")
+        else:
+            out = self._run_step(step)
+        return out.SerializeToString()
+
+    def _run_step(self, step: wire_pb.StepInput) -> wire_pb.StepOutput:
+        assert self.runner is not None
+        with self._step_lock:
+            self._steps_in_flight += 1
+            try:
+                return self.runner.execute(step)
+            finally:
+                self._steps_in_flight -= 1
 
     def _kv_connector(self, runner: ModelRunner) -> WorkerKVConnector:
         s = self.settings
@@ -87,7 +131,8 @@ class WorkerService(Service):
             num_blocks=info.num_blocks, block_size=info.block_size,
             max_model_len=info.max_model_len, model=self._served_name,
             vocab_size=info.vocab_size, eos_token_ids=pack_int32(info.eos_token_ids),
-            incarnation=self._incarnation,
+            incarnation=self._incarnation, host_id=host_identity(),
+            step_channel=self._step_channel.name if self._step_channel is not None else "",
             # An empty fingerprint turns the scheduler's side of the KV connector off.
             kv_fingerprint=self.runner.kv_fingerprint if self.runner.kv_connector else "",
             max_loras=self.runner.lora.manager.max_loras if self.runner.lora else 0,
@@ -102,17 +147,18 @@ class WorkerService(Service):
     async def on_info_request(self, _: wire.WorkerInfoRequest) -> wire.WorkerInfo:
         return self.worker_info()
 
-    async def on_step(self, step: wire.StepInput) -> wire.StepOutput:
-        assert self.runner is not None
-        self._steps_in_flight += 1
-        try:
+    async def on_step(self, step: wire_pb.StepInput) -> wire_pb.StepOutput:
+        """A step over NATS: a scheduler on another host, or one told not to use the local
+        channel."""
+        if self._needs_images(step):
             await self._fetch_images(step)
-            return await asyncio.get_running_loop().run_in_executor(
-                self._executor, self.runner.execute, step)
-        finally:
-            self._steps_in_flight -= 1
+        return await asyncio.get_running_loop().run_in_executor(
+            self._executor, self._run_step, step)
 
-    async def _fetch_images(self, step: wire.StepInput) -> None:
+    def _needs_images(self, step: wire_pb.StepInput) -> bool:
+        return self._mm_inputs is not None and any(new.mm_items for new in step.new_requests)
+
+    async def _fetch_images(self, step: wire_pb.StepInput) -> None:
         """Hands the runner the preprocessed images the step's new requests bring, unless it
         holds them or has them encoded. One that cannot be fetched is left out: the runner
         rejects its request with the reason, and the rest of the step runs."""
@@ -140,6 +186,10 @@ class WorkerService(Service):
             await asyncio.sleep(0.01)
 
     async def close(self) -> None:
+        if self._step_channel is not None:
+            self._step_channel.stop()
+        if self._step_channel_thread is not None:
+            await asyncio.to_thread(self._step_channel_thread.join)
         self._executor.shutdown(wait=True, cancel_futures=True)
         if self.runner is not None:
             self.runner.close()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from services.common import wire
+from services.common import wire_pb
 from services.common.packing import unpack_int32
 from services.worker.attention.backend import CommonAttentionMetadata
 from services.worker.input_batch import NO_LOGPROBS, InputBatch, InputBatchError, concat_ranges
@@ -59,7 +59,7 @@ class StepBatch:
         return self.num_draft_tokens + 1
 
 
-def prepare_step_batch(step: wire.StepInput, batch: InputBatch, block_size: int,
+def prepare_step_batch(step: wire_pb.StepInput, batch: InputBatch, block_size: int,
                        device: torch.device) -> StepBatch | None:
     """The batch to run for `step` (None when nothing is scheduled)."""
     handles = np.concatenate((np.fromiter((n.handle for n in step.new_requests), np.int32,

@@ -42,7 +42,7 @@ import torch
 import xgrammar as xgr
 from transformers import AutoTokenizer
 
-from services.common import wire
+from services.common import wire_pb
 from services.common.grammar.grammar_cache import GrammarCache, tokenizer_info
 from services.common.metrics import GrammarMetrics
 from services.worker.reasoning_gate import ReasoningGate
@@ -99,7 +99,7 @@ class StructuredOutputs:
         self._bitmask = xgr.allocate_token_bitmask(max_num_reqs, vocab_size)
         self._filler = xgr.BatchGrammarMatcher()
 
-    def add_request(self, row: int, spec: wire.GrammarSpec, output_start: int) -> None:
+    def add_request(self, row: int, spec: wire_pb.GrammarSpec, output_start: int) -> None:
         """`output_start`: the index of the row's first output token (a moved request's
         earlier outputs are the end of its prompt)."""
         gate = (ReasoningGate(spec.reasoning, output_start)

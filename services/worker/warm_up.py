@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import structlog
 
-from services.common import wire
+from services.common import wire_pb
 from services.common.packing import pack_int32
 
 if TYPE_CHECKING:
@@ -40,13 +40,13 @@ def warm_up(runner: ModelRunner) -> None:
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, runner.info.vocab_size, num_tokens)
     blocks = range(1, 1 + -(-(num_tokens + _NUM_DECODE_STEPS) // block_size))
-    steps = [wire.StepInput(step=0, new_requests=[wire.NewRequestData(
+    steps = [wire_pb.StepInput(step=0, new_requests=[wire_pb.NewRequestData(
         handle=_HANDLE, request_id="warm-up", token_ids=pack_int32(prompt),
         num_prompt_tokens=num_tokens, block_ids=pack_int32(blocks),
-        sampling=wire.SamplingParams(temperature=0.0, ignore_eos=True))],
+        sampling=wire_pb.SamplingParams(temperature=0.0, ignore_eos=True))],
         num_scheduled_tokens=pack_int32([num_tokens]))]
     for i in range(_NUM_DECODE_STEPS):
-        steps.append(wire.StepInput(
+        steps.append(wire_pb.StepInput(
             step=1 + i, cached_handles=pack_int32([_HANDLE]),
             cached_num_new_blocks=pack_int32([0]),
             cached_num_computed_tokens=pack_int32([num_tokens + i]),
@@ -62,5 +62,5 @@ def warm_up(runner: ModelRunner) -> None:
         log.info("warmed up", prompt_tokens=num_tokens, decode_steps=_NUM_DECODE_STEPS,
                  seconds=round(time.perf_counter() - started, 2))
     # Its row goes whatever happened: no real request may find it.
-    runner.execute(wire.StepInput(step=1 + _NUM_DECODE_STEPS,
+    runner.execute(wire_pb.StepInput(step=1 + _NUM_DECODE_STEPS,
                                   finished_handles=pack_int32([_HANDLE])))

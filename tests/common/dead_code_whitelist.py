@@ -39,3 +39,5 @@ _.e2el
 _.__class__
 # pickle's Pickler / Unpickler hooks, called by name (services/worker/parallel/commands.py).
 _.persistent_id, _.persistent_load
+# asyncio.Protocol's callbacks, which the event loop calls by name (the step channel's client).
+_.connection_made, _.data_received, _.connection_lost

@@ -9,7 +9,7 @@ import vulture
 
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ["services", "kernels", "llm_mesh", "benchmarks", "tests"]
-GENERATED = ["*/services/common/wire/*"]
+GENERATED = ["*/services/common/wire/*", "*/services/common/wire_pb/*"]
 
 
 def test_nothing_unused() -> None:

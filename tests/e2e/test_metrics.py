@@ -73,6 +73,9 @@ def test_metrics_follow_the_traffic(mesh: Mesh, client: openai.OpenAI, model_nam
     for name in ("llm_mesh:step_messaging_seconds_count", "llm_mesh:worker_execute_seconds_count",
                  "vllm:time_to_first_token_seconds_count"):
         assert moved(engine_before, engine_after, name) > 0, name
+    # Scheduler and worker share this host: steps cross the local channel, not NATS.
+    assert metric_value(engine_after, "llm_mesh:worker_step_transport", transport="local") == 1
+    assert metric_value(engine_after, "llm_mesh:worker_step_transport", transport="nats") == 0
     # The ITL guard's cap on a step's prompt tokens beside decodes (the budget if uncapped).
     assert metric_value(engine_after, "llm_mesh:prefill_token_cap", model_name=model_name) > 0
     tokenizer_after = mesh.services["tokenizer"].get("/metrics")[1].decode()

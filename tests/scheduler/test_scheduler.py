@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.common import wire
+from services.common import wire_pb
 from services.common.packing import pack_int32
 from services.scheduler.core import (AdmissionRejected, FinishReason, RequestStatus,
                                      RequestTooLong, RunnerOutput)
@@ -267,7 +267,7 @@ def test_a_deferred_request_recomputes_its_last_position_while_others_run(
 
 
 def test_the_step_codec_carries_deferred_handles() -> None:
-    message = wire.StepOutput(handles=pack_int32([1]), sampled_token_ids=pack_int32([7]),
+    message = wire_pb.StepOutput(handles=pack_int32([1]), sampled_token_ids=pack_int32([7]),
                               deferred_handles=pack_int32([4, 9]))
     output = decode_step_output(message)
     assert (output.handles, output.deferred) == ([1], {4, 9})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from services.common import wire
+from services.common import wire_pb
 from services.common.packing import pack_int32
 from services.common.speculative_config import SpeculativeConfig
 from services.worker.input_batch import InputBatch
@@ -15,7 +15,7 @@ def propose(rows_tokens: list[list[int]], k: int = 3, low: int = 1, high: int = 
             max_model_len: int = 64) -> list[list[int]]:
     batch = InputBatch(len(rows_tokens), max_model_len, 8, [0], torch.device("cpu"))
     for handle, tokens in enumerate(rows_tokens):
-        batch.add_request(wire.NewRequestData(handle=handle, token_ids=pack_int32(tokens),
+        batch.add_request(wire_pb.NewRequestData(handle=handle, token_ids=pack_int32(tokens),
                                               num_prompt_tokens=len(tokens)))
     rows = batch.rows_of(list(range(len(rows_tokens))))
     proposer = NgramProposer(SpeculativeConfig("ngram", k, low, high), max_model_len)

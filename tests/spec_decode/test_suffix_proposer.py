@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from services.common import wire
+from services.common import wire_pb
 from services.common.packing import pack_int32
 from services.common.speculative_config import SpeculativeConfig
 from services.worker.input_batch import InputBatch
@@ -29,7 +29,7 @@ class Rows:
     def add(self, tokens: list[int], num_prompt_tokens: int | None = None) -> int:
         handle = self.next_handle
         self.next_handle += 1
-        self.batch.add_request(wire.NewRequestData(
+        self.batch.add_request(wire_pb.NewRequestData(
             handle=handle, token_ids=pack_int32(tokens),
             num_prompt_tokens=len(tokens) if num_prompt_tokens is None else num_prompt_tokens))
         return self.batch.handle_to_row[handle]

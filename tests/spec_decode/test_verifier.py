@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from services.common import wire
+from services.common import wire_pb
 from services.common.packing import pack_int32
 from services.worker.input_batch import InputBatch
 from services.worker.sampler import Sampler
@@ -19,12 +19,12 @@ VOCAB = 12
 CPU = torch.device("cpu")
 
 
-def make_batch(num_reqs: int, sampling: wire.SamplingParams,
+def make_batch(num_reqs: int, sampling: wire_pb.SamplingParams,
                drafts: list[int]) -> tuple[InputBatch, np.ndarray]:
     """num_reqs requests of one prompt token, each holding `drafts`."""
     batch = InputBatch(num_reqs, 32, 4, [0], CPU)
     for handle in range(num_reqs):
-        batch.add_request(wire.NewRequestData(handle=handle, token_ids=pack_int32([1]),
+        batch.add_request(wire_pb.NewRequestData(handle=handle, token_ids=pack_int32([1]),
                                               num_prompt_tokens=1, block_ids=pack_int32([1]),
                                               sampling=sampling))
     rows = batch.rows_of(list(range(num_reqs)))
@@ -52,11 +52,11 @@ def test_greedy_accepts_the_argmax_prefix_and_one_more() -> None:
     logits = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(0))
     argmax = logits.argmax(dim=-1).tolist()
     wrong = (argmax[1] + 1) % VOCAB
-    batch, rows = make_batch(1, wire.SamplingParams(), [argmax[0], wrong, argmax[2]])
+    batch, rows = make_batch(1, wire_pb.SamplingParams(), [argmax[0], wrong, argmax[2]])
     num_accepted, tokens = verify(batch, rows, logits, Sampler(CPU, 0))
     assert num_accepted.tolist() == [1]
     assert tokens.tolist() == [[argmax[0], argmax[1], -1, -1]]
-    batch, rows = make_batch(1, wire.SamplingParams(), argmax[:3])
+    batch, rows = make_batch(1, wire_pb.SamplingParams(), argmax[:3])
     num_accepted, tokens = verify(batch, rows, logits, Sampler(CPU, 0))
     assert num_accepted.tolist() == [3] and tokens.tolist() == [argmax]
 
@@ -96,7 +96,7 @@ def emitted_outcome_counts(top_p: float, verifier_cls: type[DraftVerifier]
     p0, p1 = target_probs(logits[0], top_p), target_probs(logits[1], top_p)
     draft = int(np.argsort(-p0)[1])   # the second most likely: accepted now and then
     PlantedBiasVerifier.p_draft = p0[draft]
-    batch, rows = make_batch(128, wire.SamplingParams(temperature=1.0, top_p=top_p), [draft])
+    batch, rows = make_batch(128, wire_pb.SamplingParams(temperature=1.0, top_p=top_p), [draft])
     sampler = Sampler(CPU, 0)
     counts = np.zeros(2 * VOCAB)
     for _ in range(160):

@@ -11,12 +11,22 @@ last position scheduled again (its grammar was still compiling), and a decode's 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypeVar
 
+import betterproto
 import numpy as np
+from google.protobuf.message import Message as PbMessage
 
-from services.common import wire
+from services.common import wire, wire_pb
 from services.common.packing import pack_int32, unpack_float32, unpack_int32
 from services.worker.model_runner import ModelRunner
+
+Pb = TypeVar("Pb", bound=PbMessage)
+
+
+def as_pb(message: betterproto.Message | Pb, pb_type: type[Pb]) -> Pb:
+    """The runner's upb message for one a test built with betterproto (the same bytes)."""
+    return message if isinstance(message, pb_type) else pb_type.FromString(bytes(message))
 
 
 @dataclass
@@ -85,7 +95,7 @@ class StepDriver:
         self.run_step()  # sends the last finished handles
         return {h: r.output_ids for h, r in self.requests.items()}
 
-    def run_step(self) -> wire.StepOutput:
+    def run_step(self) -> wire_pb.StepOutput:
         new, new_sched, cached, cached_sched, cached_new_blocks = [], [], [], [], []
         budget = self.token_budget
         active = [r for r in self.requests.values() if not r.done and r.handle not in
@@ -102,11 +112,13 @@ class StepDriver:
             budget -= num
             self._grow_blocks(req, req.num_computed + num)
             if not req.sent:
-                new.append(wire.NewRequestData(
+                new.append(wire_pb.NewRequestData(
                     handle=req.handle, request_id=str(req.handle),
                     token_ids=pack_int32(req.token_ids), num_prompt_tokens=req.num_prompt_tokens,
                     block_ids=pack_int32(req.blocks), num_computed_tokens=req.num_computed,
-                    sampling=req.sampling, lora=req.lora, mm_items=req.mm_items))
+                    sampling=as_pb(req.sampling, wire_pb.SamplingParams),
+                    lora=None if req.lora is None else as_pb(req.lora, wire_pb.LoraRequest),
+                    mm_items=[as_pb(item, wire_pb.MultiModalItem) for item in req.mm_items]))
                 new_sched.append(num)
                 req.sent = True
             else:
@@ -115,7 +127,7 @@ class StepDriver:
                 cached_new_blocks.append(req.blocks[req.blocks_sent:])
             req.blocks_sent = len(req.blocks)
         finished, self.finished = self.finished, []
-        step = wire.StepInput(
+        step = wire_pb.StepInput(
             step=self.step, new_requests=new,
             cached_handles=pack_int32([r.handle for r in cached]),
             cached_num_new_blocks=pack_int32([len(b) for b in cached_new_blocks]),
@@ -144,7 +156,7 @@ class StepDriver:
         while len(req.blocks) * self.block_size < num_tokens:
             req.blocks.append(self.free_blocks.pop())
 
-    def _collect(self, out: wire.StepOutput) -> None:
+    def _collect(self, out: wire_pb.StepOutput) -> None:
         handles = unpack_int32(out.handles).tolist()
         drafts = dict(zip(unpack_int32(out.draft_handles).tolist(),
                           unpack_int32(out.num_draft_tokens).tolist()))
@@ -176,9 +188,10 @@ class StepDriver:
 
 
 def new_request_data(handle: int, prompt_ids: list[int] | np.ndarray, blocks: list[int],
-                     sampling: wire.SamplingParams | None = None,
-                     num_computed: int = 0) -> wire.NewRequestData:
-    return wire.NewRequestData(
+                     sampling: wire.SamplingParams | wire_pb.SamplingParams | None = None,
+                     num_computed: int = 0) -> wire_pb.NewRequestData:
+    return wire_pb.NewRequestData(
         handle=handle, request_id=str(handle), token_ids=pack_int32(prompt_ids),
         num_prompt_tokens=len(prompt_ids), block_ids=pack_int32(blocks),
-        num_computed_tokens=num_computed, sampling=sampling or wire.SamplingParams())
+        num_computed_tokens=num_computed,
+        sampling=as_pb(sampling or wire_pb.SamplingParams(), wire_pb.SamplingParams))

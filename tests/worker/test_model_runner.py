@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.common import wire
+from services.common import wire_pb
 from services.common.packing import pack_int32, unpack_int32
 from services.worker.kv_cache import KVCacheTooSmallError
 from services.worker.model_runner import ModelRunner, RunnerConfig
@@ -57,10 +57,10 @@ def test_partial_prefill_samples_nothing_and_the_last_chunk_samples(
         runner: ModelRunner) -> None:
     tokens = prompt(20)
     new = new_request_data(7, tokens, [1, 2])
-    out = runner.execute(wire.StepInput(step=1, new_requests=[new],
+    out = runner.execute(wire_pb.StepInput(step=1, new_requests=[new],
                                         num_scheduled_tokens=pack_int32([12])))
     assert not out.error and not out.handles and out.execute_s > 0
-    out = runner.execute(wire.StepInput(
+    out = runner.execute(wire_pb.StepInput(
         step=2, cached_handles=pack_int32([7]), cached_num_new_blocks=pack_int32([0]),
         cached_num_computed_tokens=pack_int32([12]), num_scheduled_tokens=pack_int32([8])))
     assert unpack_int32(out.handles).tolist() == [7]
@@ -92,11 +92,11 @@ def test_rows_are_recycled_beyond_max_num_seqs(runner: ModelRunner) -> None:
 
 
 def test_a_bad_step_returns_an_error_and_the_runner_lives_on(runner: ModelRunner) -> None:
-    out = runner.execute(wire.StepInput(
+    out = runner.execute(wire_pb.StepInput(
         step=3, cached_handles=pack_int32([99]), cached_num_new_blocks=pack_int32([0]),
         cached_num_computed_tokens=pack_int32([0]), num_scheduled_tokens=pack_int32([1])))
     assert "unknown request handle 99" in out.error
-    out = runner.execute(wire.StepInput(step=4, new_requests=[new_request_data(
+    out = runner.execute(wire_pb.StepInput(step=4, new_requests=[new_request_data(
         5, prompt(4), [])], num_scheduled_tokens=pack_int32([4])))
     assert "without KV blocks" in out.error
     driver = StepDriver(runner)
@@ -105,21 +105,21 @@ def test_a_bad_step_returns_an_error_and_the_runner_lives_on(runner: ModelRunner
 
 
 def test_reset_drops_every_row(runner: ModelRunner) -> None:
-    runner.execute(wire.StepInput(step=1, new_requests=[new_request_data(1, prompt(4), [1])],
+    runner.execute(wire_pb.StepInput(step=1, new_requests=[new_request_data(1, prompt(4), [1])],
                                   num_scheduled_tokens=pack_int32([4])))
     assert runner.input_batch.num_reqs == 1
-    runner.execute(wire.StepInput(step=2, reset=True))
+    runner.execute(wire_pb.StepInput(step=2, reset=True))
     assert runner.input_batch.num_reqs == 0
 
 
 def test_resumed_request_with_outputs_sends_no_prompt_logprobs(runner: ModelRunner) -> None:
-    sampling = wire.SamplingParams(prompt_logprobs=2)
+    sampling = wire_pb.SamplingParams(prompt_logprobs=2)
     tokens = prompt(10)
-    resumed = wire.NewRequestData(handle=3, token_ids=pack_int32(tokens + [5, 6]),
+    resumed = wire_pb.NewRequestData(handle=3, token_ids=pack_int32(tokens + [5, 6]),
                                   num_prompt_tokens=10, block_ids=pack_int32([1]),
                                   sampling=sampling)
     fresh = new_request_data(4, tokens, [2], sampling)
-    out = runner.execute(wire.StepInput(step=1, new_requests=[resumed, fresh],
+    out = runner.execute(wire_pb.StepInput(step=1, new_requests=[resumed, fresh],
                                         num_scheduled_tokens=pack_int32([12, 10])))
     assert [c.handle for c in out.prompt_logprobs] == [4]
     chunk = out.prompt_logprobs[0]

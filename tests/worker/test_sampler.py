@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from services.common import wire
+from services.common import wire_pb
 from services.common.packing import pack_float32, pack_int32
 from services.worker import sampler as sampler_module
 from services.worker.input_batch import InputBatch
@@ -23,14 +23,14 @@ EOS = 2
 NEG_INF = float("-inf")
 
 
-def metadata(params: list[wire.SamplingParams], prompts: list[list[int]] | None = None,
+def metadata(params: list[wire_pb.SamplingParams], prompts: list[list[int]] | None = None,
              outputs: list[list[int]] | None = None) -> SamplingMetadata:
     """Sampling metadata for one request per params entry, through the real persistent batch."""
     prompts = prompts or [[5, 6, 7]] * len(params)
     outputs = outputs or [[]] * len(params)
     batch = InputBatch(len(params), 64, 4, [EOS], torch.device("cpu"))
     for handle, (sp, prompt, out) in enumerate(zip(params, prompts, outputs)):
-        batch.add_request(wire.NewRequestData(
+        batch.add_request(wire_pb.NewRequestData(
             handle=handle, token_ids=pack_int32(prompt + out), num_prompt_tokens=len(prompt),
             block_ids=pack_int32([1]), sampling=sp))
     return build_sampling_metadata(batch, batch.rows_of(list(range(len(params)))), VOCAB,
@@ -42,7 +42,7 @@ def random_logits(rows: int, seed: int = 0) -> torch.Tensor:
 
 
 def test_all_greedy_batch_is_an_argmax_fast_path() -> None:
-    md = metadata([wire.SamplingParams(temperature=0.0)] * 3)
+    md = metadata([wire_pb.SamplingParams(temperature=0.0)] * 3)
     assert md.all_greedy and md.temperature is None and not md.needs_processing
     logits = random_logits(3)
     out = Sampler(torch.device("cpu"), 0)(logits.clone(), md)
@@ -50,14 +50,14 @@ def test_all_greedy_batch_is_an_argmax_fast_path() -> None:
 
 
 def test_greedy_rows_stay_greedy_in_a_mixed_batch() -> None:
-    md = metadata([wire.SamplingParams(temperature=0.0), wire.SamplingParams(temperature=1.0),
-                   wire.SamplingParams(temperature=0.0)])
+    md = metadata([wire_pb.SamplingParams(temperature=0.0), wire_pb.SamplingParams(temperature=1.0),
+                   wire_pb.SamplingParams(temperature=0.0)])
     logits = random_logits(3)
     out = Sampler(torch.device("cpu"), 0)(logits.clone(), md).sampled_token_ids
     assert out[[0, 2]].tolist() == logits[[0, 2]].argmax(-1).tolist()
 
 
-def _seeded_tokens(batch_params: list[wire.SamplingParams], logits_rows: list[torch.Tensor],
+def _seeded_tokens(batch_params: list[wire_pb.SamplingParams], logits_rows: list[torch.Tensor],
                    index: int, steps: int = 6) -> list[int]:
     md = metadata(batch_params)  # fresh generators, as for newly added requests
     sampler = Sampler(torch.device("cpu"), seed=123)
@@ -69,20 +69,20 @@ def _seeded_tokens(batch_params: list[wire.SamplingParams], logits_rows: list[to
 
 
 def test_seeded_requests_reproduce_whatever_the_batch_around_them() -> None:
-    mine = wire.SamplingParams(temperature=1.3, top_k=20, top_p=0.9, seed=7)
+    mine = wire_pb.SamplingParams(temperature=1.3, top_k=20, top_p=0.9, seed=7)
     row = random_logits(1, seed=1)[0]
     others = random_logits(4, seed=2)
     alone = _seeded_tokens([mine], [row], 0)
-    first = _seeded_tokens([wire.SamplingParams(temperature=1.0), mine,
-                            wire.SamplingParams(temperature=0.5, seed=3)],
+    first = _seeded_tokens([wire_pb.SamplingParams(temperature=1.0), mine,
+                            wire_pb.SamplingParams(temperature=0.5, seed=3)],
                            [others[0], row, others[1]], 1)
-    last = _seeded_tokens([wire.SamplingParams(temperature=0.0),
-                           wire.SamplingParams(temperature=2.0, min_p=0.1),
-                           wire.SamplingParams(temperature=0.7), mine],
+    last = _seeded_tokens([wire_pb.SamplingParams(temperature=0.0),
+                           wire_pb.SamplingParams(temperature=2.0, min_p=0.1),
+                           wire_pb.SamplingParams(temperature=0.7), mine],
                           [others[2], others[3], others[0], row], 3)
     assert alone == first == last
     assert len(set(alone)) > 1  # it does sample (with these logits, not always the argmax)
-    other_seed = _seeded_tokens([wire.SamplingParams(temperature=1.3, top_k=20, top_p=0.9,
+    other_seed = _seeded_tokens([wire_pb.SamplingParams(temperature=1.3, top_k=20, top_p=0.9,
                                                      seed=8)], [row], 0)
     assert other_seed != alone
 
@@ -91,7 +91,7 @@ def test_sampling_follows_the_distribution() -> None:
     probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
     logits = torch.full((4000, VOCAB), NEG_INF)
     logits[:, :4] = probs.log()
-    md = metadata([wire.SamplingParams(temperature=1.0)] * 4000)
+    md = metadata([wire_pb.SamplingParams(temperature=1.0)] * 4000)
     sampled = Sampler(torch.device("cpu"), 0)(logits, md).sampled_token_ids
     freq = torch.bincount(sampled, minlength=4)[:4].float() / 4000
     assert torch.allclose(freq, probs, atol=0.03)
@@ -149,10 +149,10 @@ def test_ranked_rows_draw_the_same_token_on_either_path(monkeypatch: pytest.Monk
     """A nucleus row sampled among few candidates (inexact, redone on the whole row) or many
     (exact) is the same draw: both walk the distribution in rank order."""
     logits = random_logits(1, seed=9)[0] * 0.3
-    mine = wire.SamplingParams(temperature=1.0, top_p=0.95, seed=11)
+    mine = wire_pb.SamplingParams(temperature=1.0, top_p=0.95, seed=11)
     monkeypatch.setattr(sampler_module, "NUCLEUS_CANDIDATES", 4)
     few = _seeded_tokens([mine], [logits], 0)
-    many = _seeded_tokens([wire.SamplingParams(temperature=1.0, top_k=VOCAB), mine],
+    many = _seeded_tokens([wire_pb.SamplingParams(temperature=1.0, top_k=VOCAB), mine],
                           [logits, logits], 1)
     assert few == many
 
@@ -160,7 +160,7 @@ def test_ranked_rows_draw_the_same_token_on_either_path(monkeypatch: pytest.Monk
 def test_top_k_sampling_draws_only_the_top_k() -> None:
     logits = torch.full((3000, VOCAB), -5.0)
     logits[:, 10], logits[:, 20], logits[:, 30] = 2.0, 2.0 + float(np.log(3.0)), 1.0
-    md = metadata([wire.SamplingParams(temperature=1.0, top_k=2)] * 3000)
+    md = metadata([wire_pb.SamplingParams(temperature=1.0, top_k=2)] * 3000)
     sampled = Sampler(torch.device("cpu"), 0)(logits, md).sampled_token_ids
     counts = torch.bincount(sampled, minlength=VOCAB)
     assert counts.sum() == counts[10] + counts[20]
@@ -178,9 +178,9 @@ def test_min_p_mask_matches_reference() -> None:
 
 
 def test_logprobs_are_log_softmax_of_the_raw_logits() -> None:
-    params = [wire.SamplingParams(temperature=0.8, top_k=5, logprobs=4, repetition_penalty=1.5),
-              wire.SamplingParams(temperature=0.0),
-              wire.SamplingParams(temperature=0.0, logprobs=0, logit_bias_token_ids=pack_int32(
+    params = [wire_pb.SamplingParams(temperature=0.8, top_k=5, logprobs=4, repetition_penalty=1.5),
+              wire_pb.SamplingParams(temperature=0.0),
+              wire_pb.SamplingParams(temperature=0.0, logprobs=0, logit_bias_token_ids=pack_int32(
                   [9]), logit_bias_values=pack_float32([100.0]))]
     md = metadata(params)
     logits = random_logits(3, seed=7)
@@ -209,10 +209,10 @@ def _ref_penalties(logits: torch.Tensor, prompt: list[int], output: list[int], r
 def test_penalties_and_logit_bias_match_reference() -> None:
     prompts = [[3, 4, 5, 5], [10, 11], [7]]
     outputs = [[5, 6, 6, 6], [], [7, 8]]
-    params = [wire.SamplingParams(repetition_penalty=1.3, presence_penalty=0.5,
+    params = [wire_pb.SamplingParams(repetition_penalty=1.3, presence_penalty=0.5,
                                   frequency_penalty=0.25),
-              wire.SamplingParams(repetition_penalty=2.0),
-              wire.SamplingParams(presence_penalty=-1.0, logit_bias_token_ids=pack_int32([1, 8]),
+              wire_pb.SamplingParams(repetition_penalty=2.0),
+              wire_pb.SamplingParams(presence_penalty=-1.0, logit_bias_token_ids=pack_int32([1, 8]),
                                   logit_bias_values=pack_float32([2.5, -4.0]))]
     md = metadata(params, prompts, outputs)
     logits = random_logits(3, seed=8)
@@ -231,9 +231,9 @@ def test_each_draft_position_is_penalised_for_the_drafts_before_it() -> None:
     """A row verifying drafts samples at 1 + drafts positions; position j sees the output a
     one-token-at-a-time decode would have: the known output plus drafts 0..j-1."""
     prompt, output, drafts = [3, 4], [5, 6], [6, 9, 9]
-    sp = wire.SamplingParams(repetition_penalty=1.5, presence_penalty=0.5, frequency_penalty=0.3)
+    sp = wire_pb.SamplingParams(repetition_penalty=1.5, presence_penalty=0.5, frequency_penalty=0.3)
     batch = InputBatch(1, 64, 4, [EOS], torch.device("cpu"))
-    batch.add_request(wire.NewRequestData(handle=0, token_ids=pack_int32(prompt + output),
+    batch.add_request(wire_pb.NewRequestData(handle=0, token_ids=pack_int32(prompt + output),
                                           num_prompt_tokens=len(prompt),
                                           block_ids=pack_int32([1]), sampling=sp))
     row = int(batch.rows_of([0])[0])
@@ -249,9 +249,9 @@ def test_each_draft_position_is_penalised_for_the_drafts_before_it() -> None:
 
 def test_min_tokens_masks_eos_and_stop_ids_until_reached() -> None:
     stop = pack_int32([11])
-    params = [wire.SamplingParams(min_tokens=2, stop_token_ids=stop),
-              wire.SamplingParams(min_tokens=2, stop_token_ids=stop),
-              wire.SamplingParams(min_tokens=2, stop_token_ids=stop, ignore_eos=True)]
+    params = [wire_pb.SamplingParams(min_tokens=2, stop_token_ids=stop),
+              wire_pb.SamplingParams(min_tokens=2, stop_token_ids=stop),
+              wire_pb.SamplingParams(min_tokens=2, stop_token_ids=stop, ignore_eos=True)]
     md = metadata(params, outputs=[[20], [20, 21], [20]])
     logits = torch.zeros(3, VOCAB)
     logits[:, EOS] = 10.0
@@ -263,7 +263,7 @@ def test_min_tokens_masks_eos_and_stop_ids_until_reached() -> None:
 
 
 def test_unset_proto_fields_mean_off() -> None:
-    md = metadata([wire.SamplingParams(temperature=1.0)])  # top_p 0, rep penalty 0: unset
+    md = metadata([wire_pb.SamplingParams(temperature=1.0)])  # top_p 0, rep penalty 0: unset
     assert md.top_p is None and md.top_k is None and md.min_p is None
     assert not md.needs_processing and md.logprob_rows is None
     np.testing.assert_array_equal(md.temperature.numpy(), [1.0])

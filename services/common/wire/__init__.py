@@ -497,6 +497,14 @@ class WorkerInfo(betterproto.Message):
 
     max_loras: int = betterproto.int32_field(11)
     max_cpu_loras: int = betterproto.int32_field(12)
+    host_id: str = betterproto.string_field(13)
+    """
+    The local step channel (services/common/step_channel.py): a scheduler whose host_id is
+     the same connects to step_channel, an abstract Unix socket name, and steps the worker
+     there; any other scheduler, or one that cannot connect, steps it over NATS.
+    """
+
+    step_channel: str = betterproto.string_field(14)
 
 
 @dataclass(eq=False, repr=False)

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from itertools import chain
 
-from services.common import wire
+from services.common import wire_pb
 from services.common.packing import pack_int32, pack_strings, pack_uint8, unpack_int32, unpack_uint8
 from services.scheduler.core.kv_connector import KVConnectorMetadata, KVConnectorOutput
 
 
-def encode_kv_connector_metadata(meta: KVConnectorMetadata, step: wire.StepInput) -> None:
+def encode_kv_connector_metadata(meta: KVConnectorMetadata, step: wire_pb.StepInput) -> None:
     nodes: dict[str, int] = {}
 
     def node_id(address: str) -> int:
@@ -37,7 +37,7 @@ def encode_kv_connector_metadata(meta: KVConnectorMetadata, step: wire.StepInput
     step.kv_nodes = pack_strings(list(nodes))
 
 
-def decode_kv_connector_output(message: wire.StepOutput) -> KVConnectorOutput | None:
+def decode_kv_connector_output(message: wire_pb.StepOutput) -> KVConnectorOutput | None:
     if not message.kv_loaded_handles and not message.kv_saved_ids:
         return None
     return KVConnectorOutput(

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from services.common import wire
+from services.common import wire_pb
 from services.common.packing import pack_int32, pack_uint8, unpack_int32, unpack_strings, unpack_uint8
 from services.worker.attention.backend import KVCache
 from services.worker.kv_cache import KVCacheSpec
@@ -64,7 +64,7 @@ class WorkerKVConnector:
         self._loaded: list[tuple[int, int, bool]] = []   # reports: handle, blocks, failed
         self._saved: list[tuple[int, bool]] = []         # reports: save id, ok
 
-    def before_forward(self, step: wire.StepInput) -> None:
+    def before_forward(self, step: wire_pb.StepInput) -> None:
         ended = (list(self._loads) if step.reset
                  else unpack_int32(step.finished_handles).tolist())
         for handle in ended:
@@ -74,10 +74,10 @@ class WorkerKVConnector:
         self._save(step, before_forward=True)
         self._start_loads(step)
 
-    def after_forward(self, step: wire.StepInput) -> None:
+    def after_forward(self, step: wire_pb.StepInput) -> None:
         self._save(step, before_forward=False)
 
-    def finish_step(self, out: wire.StepOutput, is_idle: bool) -> None:
+    def finish_step(self, out: wire_pb.StepOutput, is_idle: bool) -> None:
         """Applies the transfers that ended and reports them in `out`. A step that ran nothing
         while transfers are in flight waits briefly for one, so a scheduler polling for its
         loads neither spins nor waits long."""
@@ -100,7 +100,7 @@ class WorkerKVConnector:
         self.transfer.close()
 
     # ---- loads
-    def _start_loads(self, step: wire.StepInput) -> None:
+    def _start_loads(self, step: wire_pb.StepInput) -> None:
         if not step.kv_load_handles:
             return
         nodes = unpack_strings(step.kv_nodes)
@@ -138,7 +138,7 @@ class WorkerKVConnector:
             cache.value[index] = blocks[:, layer, 1]
 
     # ---- saves
-    def _save(self, step: wire.StepInput, before_forward: bool) -> None:
+    def _save(self, step: wire_pb.StepInput, before_forward: bool) -> None:
         if not step.kv_save_ids:
             return
         nodes = unpack_strings(step.kv_nodes)

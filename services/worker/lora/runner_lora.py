@@ -2,7 +2,7 @@
 rows to their adapters before the forward pass, and report requests whose adapter could
 not be loaded (they end with a 400, the rest of the step runs).
 
-A request names its adapter by id and path (wire.LoraRequest): the worker reads the PEFT
+A request names its adapter by id and path (wire_pb.LoraRequest): the worker reads the PEFT
 directory the first time it sees the id, or a new path for it, so no control message has
 to reach every worker before a request may use an adapter.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import structlog
 
-from services.common import wire
+from services.common import wire_pb
 from services.worker.input_batch import InputBatch
 from services.worker.lora.adapter import LoraError
 from services.worker.lora.lora_manager import BASE_LORA_ID, LoraManager
@@ -30,13 +30,13 @@ class RunnerLora:
         self._rejections: dict[int, str] = {}   # handle -> why; sent with the next output
 
     def add_requests(self, input_batch: InputBatch,
-                     new_requests: list[wire.NewRequestData]) -> None:
+                     new_requests: list[wire_pb.NewRequestData]) -> None:
         """Registers the adapters of the step's new requests (already in the batch); a
         request whose adapter cannot be loaded runs this step as the base model and is
         reported rejected, so the scheduler ends it."""
         for new in new_requests:
-            lora = new.lora
-            if lora is None or lora.lora_id == BASE_LORA_ID or self._register(new.handle, lora):
+            lora = new.lora   # unset: lora_id 0, the base model
+            if lora.lora_id == BASE_LORA_ID or self._register(new.handle, lora):
                 continue
             input_batch.lora_ids[input_batch.handle_to_row[new.handle]] = BASE_LORA_ID
 
@@ -44,12 +44,12 @@ class RunnerLora:
         self.manager.prepare_step(input_batch.lora_ids[batch.rows],
                                   np.diff(batch.attn.query_start_loc_cpu))
 
-    def report(self, out: wire.StepOutput) -> None:
+    def report(self, out: wire_pb.StepOutput) -> None:
         """Adds the requests refused since the last output to its rejected ones."""
         add_rejections(out, self._rejections)
         self._rejections.clear()
 
-    def _register(self, handle: int, lora: wire.LoraRequest) -> bool:
+    def _register(self, handle: int, lora: wire_pb.LoraRequest) -> bool:
         path = Path(lora.path)
         if self.manager.lora_id_to_path.get(lora.lora_id) == path:
             return True

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from services.common import wire
+from services.common import wire_pb
 from services.common.packing import unpack_uint8
 
 
-def embed_positions(item: wire.MultiModalItem) -> np.ndarray:
+def embed_positions(item: wire_pb.MultiModalItem) -> np.ndarray:
     """The prompt positions that take the image's embeddings, in the embeddings' order: the
     placeholder run [offset, offset + length), where is_embed says (empty: all of it)."""
     if not item.is_embed:
@@ -25,7 +25,7 @@ def embed_positions(item: wire.MultiModalItem) -> np.ndarray:
 
 @dataclass
 class MultiModalRequest:
-    items: list[wire.MultiModalItem]          # by offset
+    items: list[wire_pb.MultiModalItem]          # by offset
     positions: list[np.ndarray]               # per item: embed_positions(item)
     embeds: list[torch.Tensor | None]         # per item: [len(positions), hidden] once resolved
     num_prompt_tokens: int
@@ -33,7 +33,7 @@ class MultiModalRequest:
     mrope_delta: int = 0                      # past the prompt: position = index + delta
 
     @classmethod
-    def of(cls, new: wire.NewRequestData) -> MultiModalRequest:
+    def of(cls, new: wire_pb.NewRequestData) -> MultiModalRequest:
         items = sorted(new.mm_items, key=lambda i: i.offset)
         return cls(items, [embed_positions(i) for i in items], [None] * len(items),
                    new.num_prompt_tokens)

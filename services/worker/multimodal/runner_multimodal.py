@@ -26,7 +26,7 @@ import numpy as np
 import structlog
 import torch
 
-from services.common import wire
+from services.common import wire_pb
 from services.common.metrics import EncoderCacheMetrics
 from services.common.packing import unpack_int32
 from services.worker.config import RunnerConfig
@@ -66,7 +66,7 @@ class RunnerMultiModal:
 
     # --- payloads (the service's side) ---
 
-    def needs_payload(self, item: wire.MultiModalItem) -> bool:
+    def needs_payload(self, item: wire_pb.MultiModalItem) -> bool:
         """Whether the image's tensors must be fetched: not held, and not encoded already."""
         return item.data_key not in self._payloads and item.content_hash not in self._grids
 
@@ -75,7 +75,7 @@ class RunnerMultiModal:
 
     # --- step hooks ---
 
-    def update(self, step: wire.StepInput) -> None:
+    def update(self, step: wire_pb.StepInput) -> None:
         """Applies the step's diffs: drops finished requests, resolves new ones' images."""
         if step.reset:
             self._requests.clear()
@@ -121,14 +121,14 @@ class RunnerMultiModal:
             inputs_embeds[index] = torch.cat(rows).to(inputs_embeds.dtype)
         return inputs_embeds, _mrope_positions(batch.positions, deltas, prompt_positions)
 
-    def report(self, out: wire.StepOutput) -> None:
+    def report(self, out: wire_pb.StepOutput) -> None:
         """Adds the requests refused since the last output to its rejected ones."""
         add_rejections(out, self._rejections)
         self._rejections.clear()
 
     # --- internals ---
 
-    def _add_request(self, new: wire.NewRequestData) -> None:
+    def _add_request(self, new: wire_pb.NewRequestData) -> None:
         try:
             req = MultiModalRequest.of(new)
             # NOTE: an image wholly inside the computed prefix (a prefix-cache hit) is not
@@ -170,14 +170,14 @@ class RunnerMultiModal:
         req.embeds[index] = embeds
         return grid
 
-    def _payload(self, item: wire.MultiModalItem) -> Payload:
+    def _payload(self, item: wire_pb.MultiModalItem) -> Payload:
         payload = self._payloads.get(item.data_key)
         if payload is None:
             raise KeyError(f"the preprocessed image {item.data_key!r} is missing (expired "
                            f"from the mm inputs store?)")
         return payload
 
-    def _grid(self, item: wire.MultiModalItem) -> Grid | None:
+    def _grid(self, item: wire_pb.MultiModalItem) -> Grid | None:
         """The image's grid without encoding it (None where M-RoPE needs none)."""
         if not self.uses_mrope:
             return None

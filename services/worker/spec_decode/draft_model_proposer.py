@@ -30,7 +30,7 @@ import numpy as np
 import structlog
 import torch
 
-from services.common import wire
+from services.common import wire_pb
 from services.common.model_files import resolve_model
 from services.common.packing import pack_int32
 from services.worker.config import RunnerConfig, RunnerInfo
@@ -113,7 +113,7 @@ class DraftModelProposer(Proposer):
                   ).astype(np.int64)
         before = np.cumsum(wanted) - wanted
         num_scheduled = np.clip(self.token_budget - before, 0, wanted)
-        step = wire.StepInput(cached_handles=pack_int32(rows),
+        step = wire_pb.StepInput(cached_handles=pack_int32(rows),
                               num_scheduled_tokens=pack_int32(num_scheduled))
         step_batch = prepare_step_batch(step, draft_batch, self.block_size, self.device)
         assert step_batch is not None   # the first row always fits the budget

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from services.common import wire
+from services.common import wire_pb
 from services.common.packing import pack_int32
 from services.worker.config import RunnerConfig, RunnerInfo
 from services.worker.input_batch import InputBatch
@@ -30,7 +30,7 @@ class Speculator:
                              else NgramProposer)(spec, info.max_model_len)
 
     def propose(self, batch: InputBatch, handles: np.ndarray, rows: np.ndarray,
-                out: wire.StepOutput) -> None:
+                out: wire_pb.StepOutput) -> None:
         """Drafts for the next step of the requests that sampled (`handles` at `rows`) and
         may speculate; a request still short of min_tokens bans stop tokens by its output
         count, which drafts would move, so it waits."""

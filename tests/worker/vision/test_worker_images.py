@@ -11,23 +11,23 @@ from pathlib import Path
 from prometheus_client import generate_latest
 
 from llm_mesh.embedded import EmbeddedNats
-from services.common import wire
+from services.common import wire, wire_pb
 from services.common.bus import Bus
 from services.common.mm_inputs import MultiModalInputs
 from services.common.packing import pack_int32, unpack_int32, unpack_strings
 from services.worker.service import WorkerService
 from services.worker.settings import WorkerSettings
-from tests.worker.driver import new_request_data
+from tests.worker.driver import as_pb, new_request_data
 from tests.worker.vision.tiny_vlm_dirs import save_tiny_vlm
 from tests.worker.vision.tiny_vlms import noise_images
 from tests.worker.vision.vlm_prompts import build_prompt, load_family
 
 
 def new_request(handle: int, ids: list[int], items: list[wire.MultiModalItem],
-                first_block: int) -> wire.NewRequestData:
+                first_block: int) -> wire_pb.NewRequestData:
     num_blocks = math.ceil(len(ids) / 16)
     new = new_request_data(handle, ids, list(range(first_block, first_block + num_blocks)))
-    new.mm_items = items
+    new.mm_items.extend(as_pb(item, wire_pb.MultiModalItem) for item in items)
     return new
 
 
@@ -48,7 +48,7 @@ async def test_step_fetches_images_and_rejects_a_missing_one(tmp_path: Path) -> 
             await store.put(key, prompt.payloads[key])
             missing = [wire.MultiModalItem().from_dict(prompt.items[0].to_dict())]
             missing[0].data_key = missing[0].content_hash = "gone"
-            step = wire.StepInput(
+            step = wire_pb.StepInput(
                 step=0, new_requests=[new_request(1, prompt.ids, prompt.items, 1),
                                       new_request(2, prompt.ids, missing, 9)],
                 num_scheduled_tokens=pack_int32([len(prompt.ids)] * 2))
