@@ -1,6 +1,12 @@
-"""Hosts for multi-host tests: network namespaces, each joined to one bridge in the root
-namespace by a veth pair, so processes "on" different hosts talk over a real network stack
-(their own interfaces, addresses and ports) and the test reaches every host from the root.
+"""Hosts for multi-host tests: network namespaces, each joined by a veth pair to one bridge,
+so processes "on" different hosts talk over a real network stack (their own interfaces,
+addresses and ports); the root namespace joins the bridge too, so the test reaches every
+host.
+
+The bridge lives in a namespace of its own (the switch), not in the root namespace: with
+br_netfilter loaded, bridged frames pass the iptables FORWARD chain of the bridge's
+namespace, and dockerd sets the root namespace's policy to DROP. The switch's chains are
+its own and empty, so the hosts reach each other whatever the machine's firewall says.
 
 Making namespaces needs root (CAP_NET_ADMIN); `unavailable()` says why a machine cannot."""
 
@@ -46,20 +52,22 @@ def hosts(count: int) -> Iterator[list[Host]]:
     every interface in them)."""
     tag = secrets.token_hex(3)
     subnet = f"10.{secrets.randbelow(200) + 20}.{secrets.randbelow(250) + 1}"
-    bridge = f"mb{tag}"
+    switch, bridge, uplink = f"ms{tag}", f"mb{tag}", f"vr{tag}"
     made: list[Host] = []
     try:
-        _ip("link", "add", bridge, "type", "bridge")
-        _ip("addr", "add", f"{subnet}.254/24", "dev", bridge)
-        _ip("link", "set", bridge, "up")
+        _ip("netns", "add", switch)
+        _ip("-n", switch, "link", "add", bridge, "type", "bridge")
+        _ip("-n", switch, "link", "set", bridge, "up")
+        _plug(switch, bridge, uplink, f"vs{tag}")
+        _ip("addr", "add", f"{subnet}.254/24", "dev", uplink)
+        _ip("link", "set", uplink, "up")
         for i in range(count):
             host = Host(f"mh{tag}{i}", f"{subnet}.{i + 1}")
             _ip("netns", "add", host.name)
             made.append(host)
-            outside, inside = f"vh{tag}{i}", f"vp{tag}{i}"
-            _ip("link", "add", outside, "type", "veth", "peer", "name", inside)
+            inside = f"vp{tag}{i}"
+            _plug(switch, bridge, inside, f"vh{tag}{i}")
             _ip("link", "set", inside, "netns", host.name)
-            _ip("link", "set", outside, "master", bridge, "up")
             for args in (["addr", "add", f"{host.ip}/24", "dev", inside],
                          ["link", "set", inside, "up"], ["link", "set", "lo", "up"]):
                 _ip("-n", host.name, *args)
@@ -67,7 +75,16 @@ def hosts(count: int) -> Iterator[list[Host]]:
     finally:
         for host in made:
             subprocess.run(["ip", "netns", "del", host.name], capture_output=True)
-        subprocess.run(["ip", "link", "del", bridge], capture_output=True)
+        subprocess.run(["ip", "netns", "del", switch], capture_output=True)
+        # NOTE: the kernel frees a deleted namespace's veth peers later, not at once.
+        subprocess.run(["ip", "link", "del", uplink], capture_output=True)
+
+
+def _plug(switch: str, bridge: str, end: str, port: str) -> None:
+    """A veth pair: `end` here, `port` on the switch's bridge."""
+    _ip("link", "add", end, "type", "veth", "peer", "name", port)
+    _ip("link", "set", port, "netns", switch)
+    _ip("-n", switch, "link", "set", port, "master", bridge, "up")
 
 
 def kill_host(host: Host) -> None:
