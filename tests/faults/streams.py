@@ -27,6 +27,7 @@ class StreamResult:
     status: int | None = None                # HTTP status of the response
     transport_error: str | None = None       # the connection broke or timed out
     done: bool = False                       # saw data: [DONE]
+    usage: dict[str, Any] | None = None      # the last chunk's, with include_usage
     started: float = field(default_factory=time.monotonic)
     chunk_times: list[float] = field(default_factory=list)
     keepalive_times: list[float] = field(default_factory=list)   # SSE comment lines
@@ -90,6 +91,7 @@ def stream_completion(base_url: str, body: dict[str, Any], result: StreamResult,
                 if "error" in chunk:
                     result.error = chunk["error"]
                     continue
+                result.usage = chunk.get("usage") or result.usage
                 for choice in chunk.get("choices", []):
                     result.text += choice.get("text") or ""
                     result.finish_reason = choice.get("finish_reason") or result.finish_reason
