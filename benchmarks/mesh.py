@@ -8,9 +8,10 @@ the other in one invocation, so a comparison is measured in one run on one machi
                  --max-concurrency 8 --num-prompts 16"
 
 Each --bench runs in turn against each configuration's mesh. Prints the bench reports, the
-mesh overhead (the share of engine step time spent in NATS messaging and serialization,
-from the scheduler's metrics) and the CPU seconds each process spent during each bench,
-and writes JSON results and every service's /metrics under --out.
+step messaging of each bench (the worker call's time beyond the worker's own: the step
+transport, local channel or NATS, and serialization; from the schedulers' metrics) and the
+CPU seconds each process spent during each bench, and writes JSON results and every
+service's /metrics under --out.
 """
 
 from __future__ import annotations
@@ -27,22 +28,31 @@ from llm_mesh.bench.metrics import BenchmarkMetrics
 
 
 def scrape_services(mesh: RunningMesh, label: str, out_dir: Path) -> None:
-    """Saves the gateway's and each service's own /metrics and prints the mesh overhead the
-    schedulers (every engine's) measured over the whole run."""
+    """Saves the gateway's and each service's own /metrics."""
     (out_dir / f"{label}.gateway-metrics.txt").write_text(scrape(f"{mesh.url}/metrics"))
-    step = messaging = steps = 0.0
     for service, health in service_health_urls(mesh.log).items():
-        text = scrape(metrics_url(health))
-        (out_dir / f"{label}.{service}-metrics.txt").write_text(text)
+        (out_dir / f"{label}.{service}-metrics.txt").write_text(scrape(metrics_url(health)))
+
+
+def step_totals(mesh: RunningMesh) -> tuple[float, float, float]:
+    """(steps, step seconds, messaging seconds) so far, over every engine's scheduler."""
+    steps = step = messaging = 0.0
+    for service, health in service_health_urls(mesh.log).items():
         if service.split(".")[0] == "scheduler":
+            text = scrape(metrics_url(health))
+            steps += sum_of(text, "llm_mesh:engine_step_seconds_count")
             step += sum_of(text, "llm_mesh:engine_step_seconds_sum")
             messaging += sum_of(text, "llm_mesh:step_messaging_seconds_sum")
-            steps += sum_of(text, "llm_mesh:engine_step_seconds_count")
-    if steps:
-        print(f"mesh overhead ({label}): {steps:.0f} steps, step {1e3 * step / steps:.2f}"
-              f" ms mean, NATS messaging + serialization "
-              f"{1e3 * messaging / steps:.2f} ms mean = {100 * messaging / step:.1f}% "
-              f"of step time", flush=True)
+    return steps, step, messaging
+
+
+def step_overhead(before: tuple[float, float, float], after: tuple[float, float, float]) -> str:
+    steps, step, messaging = (a - b for a, b in zip(after, before))
+    if not steps:
+        return "no steps"
+    return (f"{steps:.0f} steps, step {1e3 * step / steps:.2f} ms mean, step messaging "
+            f"(transport + serialization) {1e3 * messaging / steps:.3f} ms mean = "
+            f"{100 * messaging / step:.1f}% of step time")
 
 
 def run_config(label: str, up_args: Sequence[str], benches: Sequence[Sequence[str]],
@@ -53,10 +63,13 @@ def run_config(label: str, up_args: Sequence[str], benches: Sequence[Sequence[st
         print(f"\n### {label}: llm-mesh up {' '.join(up_args)}", flush=True)
         results = []
         for index, bench_args in enumerate(benches):
+            before = step_totals(mesh)
             with cpu_use(mesh.pid) as use:
                 results.append(bench_serve(mesh.url, out_dir / f"{label}.{index}.json",
                                            bench_args))
             print(f"{label} bench {index}: {use.report()}", flush=True)
+            print(f"{label} bench {index} steps: {step_overhead(before, step_totals(mesh))}",
+                  flush=True)
         scrape_services(mesh, label, out_dir)
     return results
 
