@@ -1,8 +1,10 @@
 """A mesh over three hosts (network namespaces joined by a bridge) on a three-node NATS
-cluster, TLS between all of them, with JetStream replicated three ways: the gateway, tokenizer and batch runner on one
-host, an engine on each of the others. When a NATS node dies under load, greedy streams
-finish as an undisturbed run would, a batch finishes every line exactly once, and the KV
-events stream keeps every event; when a whole host dies, streams still finish identical."""
+cluster, TLS between all of them, with JetStream replicated three ways: the gateway, tokenizer
+and batch runner on one host, a worker on each of the others. Engine 2's scheduler runs
+beside its worker (steps cross the local step channel); engine 1's runs on the first host, so
+its steps cross NATS between hosts. When a NATS node dies under load, greedy streams finish
+as an undisturbed run would, a batch finishes every line exactly once, and the KV events
+stream keeps every event; when a whole host dies, streams still finish identical."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import trustme
 
 from llm_mesh.embedded import free_port
 from tests.batch.polling import finished, wait_for
-from tests.mesh import ENGINE_ARGS
+from tests.mesh import ENGINE_ARGS, metric_value
 from tests.multihost.cluster import Pki, SpreadMesh
 from tests.multihost.hosts import Host, hosts, kill_host, unavailable
 
@@ -51,7 +53,7 @@ def spread(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SpreadMes
                 # One thread each: the two "hosts" share this machine's cores (tests/mesh.py).
                 mesh.start_service(f"worker-{i}", host,
                                    [*engine, *ENGINE_ARGS, "--num-threads", "1"], "worker")
-                mesh.start_service(f"scheduler-{i}", host,
+                mesh.start_service(f"scheduler-{i}", front if i == 1 else host,
                                    [*engine, *ENGINE_ARGS[:2], "--enable-kv-events"],
                                    "scheduler")
             mesh.wait_ready(engines=2)
@@ -68,6 +70,16 @@ def logs_on_failure(request: pytest.FixtureRequest,
     yield
     if request.session.testsfailed > failed_before:
         print(spread[0].logs(), file=sys.stderr)
+
+
+def test_engines_step_locally_or_over_nats_by_where_the_worker_is(
+        spread: tuple[SpreadMesh, list[Host]]) -> None:
+    mesh, _ = spread
+    for name, transport in (("scheduler-1", "nats"), ("scheduler-2", "local")):
+        status, body = mesh.services[name].get("/metrics")
+        assert status == 200
+        assert metric_value(body.decode(), "llm_mesh:worker_step_transport",
+                            transport=transport) == 1, name
 
 
 def client_of(mesh: SpreadMesh) -> openai.OpenAI:
