@@ -16,6 +16,13 @@ abstract namespace gives the rest for free:
 A frame is a little-endian u32 length and that many bytes (a serialized StepInput or
 StepOutput). The worker answers steps in order, so a scheduler may send the next step
 before the last one's answer arrives (async scheduling).
+
+The server runs in the worker's one step thread, which also runs whatever else must run
+there (`call`: steps that came over NATS). NOTE: one thread for every step, the one that
+loaded and warmed the model. Measured in the mesh: steps run from a second thread took
+35-40% longer (docs/benchmarks.md 10q). Each thread that runs torch ops has an OpenMP team
+of its own, and a process holding more OpenMP threads than cores has libgomp throttle its
+spinning at barriers: the likely cause.
 """
 
 from __future__ import annotations
@@ -28,9 +35,11 @@ import struct
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import cast
+from concurrent.futures import Future
+from typing import TypeVar, cast
 
 _HEADER = struct.Struct("<I")
+T = TypeVar("T")
 
 
 class ChannelClosed(ConnectionError):
@@ -61,8 +70,9 @@ def _recv_exactly(sock: socket.socket, size: int) -> bytes | None:
 
 class StepChannelServer:
     """The worker's end: listens on `name` and answers each frame with `handle(frame)`, in
-    the calling thread (the worker's step thread). One scheduler at a time: a new connection
-    replaces the one before (a scheduler that restarted)."""
+    the thread that calls `serve` (the worker's step thread), and runs there what other
+    threads `call`. One scheduler at a time: a new connection replaces the one before (a
+    scheduler that restarted)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -71,7 +81,22 @@ class StepChannelServer:
         self._listener.listen(4)
         self._listener.setblocking(False)
         self._wake_reader, self._wake_writer = socket.socketpair()
+        self._wake_reader.setblocking(False)
         self._stopped = threading.Event()
+        self._calls: deque[tuple[Callable[[], object], Future[object]]] = deque()
+        self._calls_lock = threading.Lock()   # a call is queued before the end, or cancelled
+
+    def call(self, fn: Callable[[], T]) -> Future[T]:
+        """Runs `fn` in the serving thread, between frames; its result or exception arrives
+        in the future (cancelled if the server stops first)."""
+        future: Future[T] = Future()
+        with self._calls_lock:
+            if self._stopped.is_set():
+                future.cancel()
+                return future
+            self._calls.append((fn, cast(Future[object], future)))
+        self._wake()
+        return future
 
     def serve(self, handle: Callable[[bytes], bytes]) -> None:
         """Answers frames until `stop()`. `handle` must not raise for a bad step: it answers
@@ -83,7 +108,9 @@ class StepChannelServer:
         try:
             while not self._stopped.is_set():
                 for key, _ in selector.select():
-                    if key.fileobj is self._listener:
+                    if key.fileobj is self._wake_reader:
+                        self._run_calls()
+                    elif key.fileobj is self._listener:
                         accepted, _ = self._listener.accept()
                         accepted.setblocking(True)
                         if peer is not None:
@@ -100,6 +127,25 @@ class StepChannelServer:
                 peer.close()
             selector.close()
             self.close()
+            with self._calls_lock:
+                self._stopped.set()
+                while self._calls:
+                    self._calls.popleft()[1].cancel()
+
+    def _run_calls(self) -> None:
+        try:
+            while self._wake_reader.recv(4096):
+                pass
+        except BlockingIOError:
+            pass
+        while self._calls:
+            fn, future = self._calls.popleft()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # noqa: BLE001 - the caller gets it
+                future.set_exception(exc)
 
     @staticmethod
     def _answer(peer: socket.socket, handle: Callable[[bytes], bytes]) -> bool:
@@ -118,10 +164,13 @@ class StepChannelServer:
     def stop(self) -> None:
         """Ends `serve`, from any thread; it frees the name as it returns."""
         self._stopped.set()
+        self._wake()
+
+    def _wake(self) -> None:
         try:
             self._wake_writer.send(b"\0")
         except OSError:
-            pass   # serve has returned already
+            pass   # serve has returned already (or its wake-up buffer is full: it wakes)
 
     def close(self) -> None:
         """Frees the name (`serve` does it as it returns; call it where serve never ran)."""

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
@@ -43,12 +42,9 @@ class WorkerService(Service):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-runner")
         self._incarnation = time.time_ns() & 0x7FFF_FFFF_FFFF_FFFF
         self._steps_in_flight = 0
-        # Steps from a scheduler on this host come over the local channel, in a thread of
-        # their own; NATS steps (another host) run on the executor. The lock keeps the runner
-        # to one step at a time across the two.
+        # With the local step channel, the executor's thread serves it for good, and steps
+        # that come over NATS run there too (step_channel.py says why one thread).
         self._step_channel: StepChannelServer | None = None
-        self._step_channel_thread: threading.Thread | None = None
-        self._step_lock = threading.Lock()
         self._mm_inputs: MultiModalInputs | None = None   # vision models: preprocessed images
 
     async def setup(self) -> None:
@@ -90,13 +86,19 @@ class WorkerService(Service):
             self.log.warning("local step channel unavailable; steps come over NATS",
                              error=str(exc))
             return
-        self._step_channel_thread = threading.Thread(
-            target=self._step_channel.serve, args=(partial(self._on_local_step, loop),),
-            name="step-channel", daemon=True)
-        self._step_channel_thread.start()
+        serving = self._executor.submit(self._step_channel.serve,
+                                        partial(self._on_local_step, loop))
+        serving.add_done_callback(self._on_channel_closed)
+
+    def _on_channel_closed(self, serving: Future[None]) -> None:
+        if not serving.cancelled() and (exc := serving.exception()) is not None:
+            # NOTE: never expected; the scheduler's reconnect then finds NATS.
+            self.log.error("the local step channel failed; steps come over NATS",
+                           error=f"{type(exc).__name__}: {exc}", exc_info=exc)
+        self._step_channel = None
 
     def _on_local_step(self, loop: asyncio.AbstractEventLoop, frame: bytes) -> bytes:
-        """A step from the local channel, run in its thread: no event loop on the way."""
+        """A step from the local channel, in the step thread: no event loop on the way."""
         try:
             step = wire_pb.StepInput.FromString(frame)
             if self._needs_images(step):
@@ -109,12 +111,11 @@ class WorkerService(Service):
 
     def _run_step(self, step: wire_pb.StepInput) -> wire_pb.StepOutput:
         assert self.runner is not None
-        with self._step_lock:
-            self._steps_in_flight += 1
-            try:
-                return self.runner.execute(step)
-            finally:
-                self._steps_in_flight -= 1
+        self._steps_in_flight += 1
+        try:
+            return self.runner.execute(step)
+        finally:
+            self._steps_in_flight -= 1
 
     def _kv_connector(self, runner: ModelRunner) -> WorkerKVConnector:
         s = self.settings
@@ -152,8 +153,10 @@ class WorkerService(Service):
         channel."""
         if self._needs_images(step):
             await self._fetch_images(step)
-        return await asyncio.get_running_loop().run_in_executor(
-            self._executor, self._run_step, step)
+        run = partial(self._run_step, step)
+        if self._step_channel is not None:
+            return await asyncio.wrap_future(self._step_channel.call(run))
+        return await asyncio.get_running_loop().run_in_executor(self._executor, run)
 
     def _needs_images(self, step: wire_pb.StepInput) -> bool:
         return self._mm_inputs is not None and any(new.mm_items for new in step.new_requests)
@@ -188,8 +191,6 @@ class WorkerService(Service):
     async def close(self) -> None:
         if self._step_channel is not None:
             self._step_channel.stop()
-        if self._step_channel_thread is not None:
-            await asyncio.to_thread(self._step_channel_thread.join)
         self._executor.shutdown(wait=True, cancel_futures=True)
         if self.runner is not None:
             self.runner.close()

@@ -148,3 +148,15 @@ def test_host_identity_names_this_kernel_and_network_namespace() -> None:
     with open("/proc/sys/kernel/random/boot_id") as f:
         assert identity.startswith(f.read().strip() + "/")
     assert identity.endswith(f"/{os.stat('/proc/self/ns/net').st_ino}")
+
+
+def test_calls_run_in_the_serving_thread_between_frames() -> None:
+    with serving(lambda frame: frame) as server:
+        serving_thread = server.call(threading.get_ident).result(timeout=5)
+        assert serving_thread != threading.get_ident()
+        failed = server.call(lambda: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            failed.result(timeout=5)
+        assert server.call(lambda: "still serving").result(timeout=5) == "still serving"
+    # After the end nothing runs: a late call is cancelled, not left waiting.
+    assert server.call(lambda: "too late").cancelled()
