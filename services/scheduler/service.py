@@ -322,7 +322,11 @@ class SchedulerService(Service):
         kv_tokens = (info.num_blocks - 1) * info.block_size   # block 0 is the null block
         self.log.info("engine ready", num_blocks=info.num_blocks, block_size=info.block_size,
                       kv_cache_tokens=kv_tokens, max_model_len=info.max_model_len,
-                      max_concurrency_at_max_len=round(kv_tokens / info.max_model_len, 2))
+                      max_concurrency_at_max_len=round(kv_tokens / info.max_model_len, 2),
+                      async_scheduling=self.settings.runs_async)
+        if self.settings.async_scheduling and not self.settings.runs_async:
+            self.log.info("async scheduling is off with speculative decoding: a step's drafts "
+                          "are known only once the step before it ends")
 
     async def _step_while_worker_unchanged(self, incarnation: int) -> None:
         """With async scheduling one step stays in flight: the next is scheduled and sent
@@ -371,7 +375,7 @@ class SchedulerService(Service):
                 raise
         elif sent is None:
             await self._wait_for_work()  # nothing fits now: wait for a request or an abort
-        if sent is not None and not self.settings.async_scheduling:
+        if sent is not None and not self.settings.runs_async:
             await self._take_results(sent)
             return None
         return sent

@@ -56,17 +56,18 @@ class SchedulerSettings(CommonSettings, EngineSettings, KVIndexSettings):
                                          "its admission")
     enable_kv_events: bool = setting(False, "Publish the KV pool's BlockStored / BlockRemoved "
                                      "events on JetStream")
+    # NOTE: on by default: 1.10x tokens/s at concurrency 32 on two cores, and the scheduler's
+    # update and the deltas' publish leave the worker's critical path (benchmarks.md 10q).
     async_scheduling: bool = setting(
-        False, "Schedule and send each step while the one before it runs, so the worker "
-        "never waits for scheduling and messaging (vLLM's --async-scheduling; not with "
-        "speculative decoding)")
+        True, "Schedule and send each step while the one before it runs, so the worker "
+        "never waits for scheduling and messaging (vLLM's --async-scheduling). Off by itself "
+        "with speculative decoding: a step's drafts are known only once the step before "
+        "it ends")
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.async_scheduling and self.speculative is not None:
-            raise ValueError("--async-scheduling does not combine with --speculative-config: "
-                             "a step's drafts are known only once the step before it ends; "
-                             "drop one of the two")
+    @property
+    def runs_async(self) -> bool:
+        """Whether steps are scheduled ahead: asked for, and no speculative decoding."""
+        return self.async_scheduling and self.speculative is None
 
     def scheduler_config(self, worker: wire.WorkerInfo) -> SchedulerConfig:
         speculative = self.speculative
@@ -86,5 +87,5 @@ class SchedulerSettings(CommonSettings, EngineSettings, KVIndexSettings):
             enable_kv_events=self.enable_kv_events,
             num_speculative_tokens=speculative.num_speculative_tokens if speculative else 0,
             max_loras=worker.max_loras, max_cpu_loras=worker.max_cpu_loras,
-            async_scheduling=self.async_scheduling,
+            async_scheduling=self.runs_async,
         )

@@ -1,6 +1,9 @@
-"""Async scheduling (`--async-scheduling`) through the real mesh: the scheduler sends each
-step while the one before it runs, yet greedy outputs equal the default mesh's, through
-preemption, stop strings, stop tokens, grammars and a worker killed mid-stream."""
+"""Async scheduling (`--async-scheduling`, the default) through the real mesh: the scheduler
+sends each step while the one before it runs, and greedy outputs stay those of the shared
+mesh (whose greedy output equals HF's, tests/e2e/test_openai_api.py) through preemption,
+stop strings, stop tokens, grammars and a worker killed with steps in flight. The shared
+mesh never preempts these; speculative decoding's meshes (tests/spec_decode) run the
+synchronous loop."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from services.scheduler.core import FinishReason, SchedulerConfig
+from services.scheduler.settings import SchedulerSettings
 from tests.scheduler.fakes import (Run, make_request, make_scheduler, reference_output,
                                    run_until_done, step)
 
@@ -93,3 +94,11 @@ def test_preemption_of_a_request_in_flight_recomputes_it_exactly() -> None:
 def test_async_scheduling_refuses_speculative_decoding() -> None:
     with pytest.raises(ValueError, match="speculative"):
         SchedulerConfig(async_scheduling=True, num_speculative_tokens=3)
+
+
+def test_the_service_schedules_ahead_by_default_unless_it_speculates() -> None:
+    assert SchedulerSettings().runs_async
+    assert not SchedulerSettings(async_scheduling=False).runs_async
+    speculating = SchedulerSettings(
+        speculative_config='{"method": "ngram", "num_speculative_tokens": 3}')
+    assert speculating.async_scheduling and not speculating.runs_async
