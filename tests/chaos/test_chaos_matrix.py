@@ -3,7 +3,8 @@ restarting what dies) with a CPU hog beside it and 8 greedy streams running, eac
 services and embedded servers is SIGKILLed, then SIGSTOPped (a hang: the launcher's
 liveness probe must find it). Every stream must end within the bound with the text an
 undisturbed run gives, the struck process must be replaced, the engine must end idle with
-every KV block free, and /health must answer 200 again. `pytest tests/chaos -s` prints the
+every KV block free, /health must answer 200 again, and nothing the struck process held
+may be left in /dev/shm (the step plane's local channel is a socket: it keeps nothing there). `pytest tests/chaos -s` prints the
 recovery time of each fault (docs/operations.md quotes them)."""
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class Chaos:
     mesh: UpMesh
     reference: list[str]          # each prompt's text, undisturbed
     gateway_rss_mib: float        # after warm-up, before the first fault
+    shm_before: set[str]          # /dev/shm's entries before the first fault
 
 
 @pytest.fixture(scope="module")
@@ -62,13 +64,17 @@ def chaos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chaos]:
         hog = CpuHog(1)
         with ThreadPoolExecutor(len(PROMPTS)) as pool:
             reference = list(pool.map(lambda p: complete(mesh, p), PROMPTS))
-        yield Chaos(mesh, reference, rss_mib(mesh.pid_of("gateway")))
+        yield Chaos(mesh, reference, rss_mib(mesh.pid_of("gateway")), shm_entries())
     finally:
         if hog is not None:
             hog.stop()
         code = mesh.stop()
         print("\n" + "\n".join(json.dumps(entry) for entry in REPORT))
         assert code == 0, mesh.log_tail()
+
+
+def shm_entries() -> set[str]:
+    return set(os.listdir("/dev/shm"))
 
 
 def body(prompt: str) -> dict[str, Any]:
@@ -181,6 +187,7 @@ def test_fault_under_load(chaos: Chaos, target: str, sig: signal.Signals) -> Non
     for result, expected in zip(results, chaos.reference):
         assert result.completed, outcomes
         assert result.text == expected, (result.text, expected)
+    assert shm_entries() <= chaos.shm_before, "a struck process left /dev/shm entries"
 
 
 def test_gateway_did_not_grow(chaos: Chaos) -> None:
