@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from benchmarks.harness import distribution, markdown_table, print_preamble
 from llm_mesh.embedded import EmbeddedRedis
-from services.common.frontend.auth import ApiKeys
+from services.frontend.tenancy.auth import ApiKeys
 
 WARMUP_CALLS = 200
 LIMIT = 10**9   # tokens a minute: never refuses, so every call is one take

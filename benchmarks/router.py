@@ -20,7 +20,7 @@ import time
 
 from benchmarks.harness import distribution, print_preamble
 from services.common import wire
-from services.common.router import EngineLoad, PrefixIndex, RoutingCost
+from services.frontend.router import EngineLoad, PrefixIndex, RoutingCost
 
 BLOCK_SIZE = 16
 NUM_SYSTEM_PROMPTS = 4

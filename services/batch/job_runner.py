@@ -29,7 +29,8 @@ from services.batch.input_file import (
     response_entry,
 )
 from services.batch.line_executor import LineExecutor, LineOutcome
-from services.common.batch_jobs.records import (
+from services.frontend.batch_jobs.batch_store import BatchStore
+from services.frontend.batch_jobs.records import (
     BATCH_ENDPOINTS,
     BatchJob,
     BatchRecord,
@@ -37,8 +38,7 @@ from services.common.batch_jobs.records import (
     error_file_id,
     output_file_id,
 )
-from services.common.batch_jobs.store import BatchStore
-from services.common.frontend.auth import ApiKeys, Tenant
+from services.frontend.tenancy.auth import ApiKeys, Tenant
 
 log = structlog.get_logger(__name__)
 

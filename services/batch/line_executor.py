@@ -23,12 +23,12 @@ import structlog
 from fastapi import Request
 from pydantic import ValidationError
 
-from services.common.frontend.auth import Tenant
-from services.common.frontend.chat import ChatCompletion
-from services.common.frontend.completions import Completion
-from services.common.frontend.context import FrontendContext
-from services.common.frontend.errors import ApiError, invalid
-from services.common.frontend.protocol import ChatCompletionRequest, CompletionRequest
+from services.frontend.context import FrontendContext
+from services.frontend.errors import ApiError, invalid
+from services.frontend.openai.protocol import ChatCompletionRequest, CompletionRequest
+from services.frontend.openai.serving_chat import ChatCompletion
+from services.frontend.openai.serving_completion import Completion
+from services.frontend.tenancy.auth import Tenant
 
 log = structlog.get_logger(__name__)
 

@@ -20,12 +20,12 @@ from pydantic import ValidationError
 from services.batch.job_runner import JobRunner
 from services.batch.line_executor import LineExecutor
 from services.batch.settings import BatchSettings
-from services.common.batch_jobs.records import BatchJob
-from services.common.batch_jobs.store import BatchStore
-from services.common.frontend.auth import ApiKeys
-from services.common.frontend.runtime import FrontendRuntime
 from services.common.metrics import GatewayMetrics
 from services.common.service import Service
+from services.frontend.batch_jobs.batch_store import BatchStore
+from services.frontend.batch_jobs.records import BatchJob
+from services.frontend.runtime import FrontendRuntime
+from services.frontend.tenancy.auth import ApiKeys
 
 FETCH_TIMEOUT_S = 1.0      # also how long a drain waits for the fetch loop to notice
 FAILED_JOB_RETRY_S = 5.0   # a job that raised is redelivered after this

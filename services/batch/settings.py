@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.frontend.settings import FrontendSettings
 from services.common.settings import setting
+from services.frontend.settings import FrontendSettings
 
 
 @dataclass

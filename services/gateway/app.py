@@ -14,26 +14,26 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.common import wire
 from services.common.bus import BusError
-from services.common.frontend.auth import ApiKeys
-from services.common.frontend.chat import chat_prompt, create_chat_completion
-from services.common.frontend.completions import create_completion
-from services.common.frontend.context import FrontendContext
-from services.common.frontend.errors import ApiError, invalid, unavailable
-from services.common.frontend.lora_registry import LoraRegistry
-from services.common.frontend.protocol import (
+from services.common.jetstream import is_transient
+from services.common.packing import pack_int32, unpack_int32
+from services.frontend.context import FrontendContext
+from services.frontend.errors import ApiError, invalid, unavailable
+from services.frontend.openai.lora_registry import LoraRegistry
+from services.frontend.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
 )
-from services.common.jetstream import is_transient
-from services.common.packing import pack_int32, unpack_int32
+from services.frontend.openai.serving_chat import chat_prompt, create_chat_completion
+from services.frontend.openai.serving_completion import create_completion
+from services.frontend.tenancy.auth import ApiKeys
 from services.gateway.authentication import Authentication
 from services.gateway.body import parse_body
 from services.gateway.engine_series import EngineSeries
 from services.gateway.files_batches import files_batches_router
 from services.gateway.lora_routes import lora_router, require_admin
-from services.gateway.responses_routes import responses_router
+from services.gateway.responses_api_routes import responses_router
 
 log = structlog.get_logger(__name__)
 VERSION = "0.1.0"

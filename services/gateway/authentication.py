@@ -13,8 +13,8 @@ from collections.abc import Callable
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from services.common.frontend.auth import ApiKeys
-from services.common.frontend.errors import ApiError
+from services.frontend.errors import ApiError
+from services.frontend.tenancy.auth import ApiKeys
 
 OPEN_PATHS = frozenset({"/health", "/ready", "/version", "/metrics"})
 

@@ -9,8 +9,8 @@ from typing import Any, TypeVar
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
-from services.common.frontend.errors import ApiError, invalid
 from services.common.json_depth import MAX_BODY_DEPTH, nesting_depth
+from services.frontend.errors import ApiError, invalid
 
 M = TypeVar("M", bound=BaseModel)
 

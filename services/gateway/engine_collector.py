@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from services.common.frontend.mesh_view import MeshView
 from services.common.metrics import ENGINE_LABELS
+from services.frontend.engine_client.mesh_view import MeshView
 
 
 class EngineCollector(Collector):

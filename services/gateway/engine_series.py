@@ -24,8 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from services.common.bus import Bus
-from services.common.frontend.mesh_view import Instance, MeshView
 from services.common.subjects import Subjects
+from services.frontend.engine_client.mesh_view import Instance, MeshView
 
 log = structlog.get_logger(__name__)
 

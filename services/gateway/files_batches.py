@@ -1,5 +1,5 @@
 """/v1/files and /v1/batches: OpenAI's Files and Batches API over the batch plane in
-JetStream (services/common/batch_jobs/store.py). The gateway stores files, records batches
+JetStream (services/frontend/batch_jobs/batch_store.py). The gateway stores files, records batches
 and queues their jobs; batch runners do the work and keep the records current.
 
 Every file and batch belongs to the API key that created it (its key id is the record's
@@ -21,7 +21,9 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.datastructures import UploadFile
 
-from services.common.batch_jobs.records import (
+from services.common.jetstream import retry_transient
+from services.frontend.batch_jobs.batch_store import BatchStore
+from services.frontend.batch_jobs.records import (
     BATCH_ENDPOINTS,
     COMPLETION_WINDOWS,
     BatchJob,
@@ -30,12 +32,10 @@ from services.common.batch_jobs.records import (
     new_batch_id,
     new_file_id,
 )
-from services.common.batch_jobs.store import BatchStore
-from services.common.frontend.auth import owner_of
-from services.common.frontend.context import FrontendContext
-from services.common.frontend.errors import ApiError, invalid
-from services.common.frontend.responses import list_page
-from services.common.jetstream import retry_transient
+from services.frontend.context import FrontendContext
+from services.frontend.errors import ApiError, invalid
+from services.frontend.openai.choice_state import list_page
+from services.frontend.tenancy.auth import owner_of
 from services.gateway.body import parse_body
 from services.gateway.storage_plane import StoragePlane
 

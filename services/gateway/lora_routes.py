@@ -1,6 +1,6 @@
 """vLLM's runtime LoRA endpoints: POST /v1/load_lora_adapter and /v1/unload_lora_adapter
 (admin keys only when API keys are set). Adapters load into this gateway's registry
-(services/common/frontend/lora_registry.py); an engine's worker reads one the first time a
+(services/frontend/openai/lora_registry.py); an engine's worker reads one the first time a
 request names it."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel
 
-from services.common.frontend.auth import ApiKeys, tenant_of
-from services.common.frontend.context import FrontendContext
-from services.common.frontend.errors import ApiError, invalid
-from services.common.frontend.lora_registry import LoraModule, check_adapter_dir
+from services.frontend.context import FrontendContext
+from services.frontend.errors import ApiError, invalid
+from services.frontend.openai.lora_registry import LoraModule, check_adapter_dir
+from services.frontend.tenancy.auth import ApiKeys, tenant_of
 from services.gateway.body import parse_body
 
 

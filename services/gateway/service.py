@@ -10,9 +10,9 @@ from collections.abc import Iterator
 import uvicorn
 from fastapi import FastAPI
 
-from services.common.frontend.runtime import FrontendRuntime
 from services.common.metrics import GatewayMetrics
 from services.common.service import Service
+from services.frontend.runtime import FrontendRuntime
 from services.gateway.app import create_app
 from services.gateway.engine_collector import EngineCollector
 from services.gateway.engine_series import EngineSeries

@@ -14,9 +14,9 @@ from nats.js import JetStreamContext
 
 from services.common.bus import Bus, BusError
 from services.common.jetstream import retry_transient
-from services.common.frontend.errors import unavailable
 from services.common.subjects import Subjects
-from services.common.frontend.settings import FrontendSettings
+from services.frontend.errors import unavailable
+from services.frontend.settings import FrontendSettings
 
 S = TypeVar("S")
 OPEN_RETRY_S = 10.0   # how long the first use waits out a JetStream failover

@@ -13,12 +13,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from llm_mesh.embedded import EmbeddedNats
-from services.common.batch_jobs.store import BatchStore
 from services.common.bus import Bus
-from services.common.frontend.context import FrontendContext
-from services.common.frontend.mesh_view import MeshView
 from services.common.metrics import GatewayMetrics
 from services.common.subjects import Subjects
+from services.frontend.batch_jobs.batch_store import BatchStore
+from services.frontend.context import FrontendContext
+from services.frontend.engine_client.mesh_view import MeshView
 from services.gateway.app import create_app
 from services.gateway.settings import GatewaySettings
 

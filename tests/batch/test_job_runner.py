@@ -12,9 +12,9 @@ from typing import Any
 
 from services.batch.job_runner import JobRunner
 from services.batch.line_executor import LineOutcome
-from services.common.batch_jobs.records import BatchJob, BatchRecord, FileRecord
-from services.common.batch_jobs.store import BatchStore
-from services.common.frontend.auth import ApiKeys, Tenant, key_id
+from services.frontend.batch_jobs.batch_store import BatchStore
+from services.frontend.batch_jobs.records import BatchJob, BatchRecord, FileRecord
+from services.frontend.tenancy.auth import ApiKeys, Tenant, key_id
 
 CHAT = "/v1/chat/completions"
 

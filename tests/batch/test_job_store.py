@@ -9,9 +9,9 @@ import nats.errors
 import nats.js.errors as js_errors
 import pytest
 
-from services.common.batch_jobs.records import BatchJob, BatchRecord, FileRecord
-from services.common.batch_jobs.store import BatchStore
 from services.common.jetstream import retry_transient
+from services.frontend.batch_jobs.batch_store import BatchStore
+from services.frontend.batch_jobs.records import BatchJob, BatchRecord, FileRecord
 
 
 def job(batch_id: str = "batch_1") -> BatchJob:

@@ -14,13 +14,13 @@ from prometheus_client import CollectorRegistry
 from services.batch.line_executor import LineExecutor
 from services.batch.settings import BatchSettings
 from services.common import wire
-from services.common.frontend.auth import ApiKeys
-from services.common.frontend.context import FrontendContext
-from services.common.frontend.errors import unavailable
-from services.common.frontend.mesh_client import Generation, TextDelta
-from services.common.frontend.mesh_view import EngineView, MeshView
 from services.common.metrics import GatewayMetrics
 from services.common.packing import pack_int32
+from services.frontend.context import FrontendContext
+from services.frontend.engine_client.mesh_client import Generation, TextDelta
+from services.frontend.engine_client.mesh_view import EngineView, MeshView
+from services.frontend.errors import unavailable
+from services.frontend.tenancy.auth import ApiKeys
 
 CHAT = "/v1/chat/completions"
 

@@ -11,10 +11,10 @@ import pytest
 from nats.js import JetStreamContext
 
 from llm_mesh.embedded import EmbeddedNats
-from services.common.batch_jobs.store import BatchStore
 from services.common.bus import Bus
-from services.common.frontend.errors import ApiError
 from services.common.subjects import Subjects
+from services.frontend.batch_jobs.batch_store import BatchStore
+from services.frontend.errors import ApiError
 from services.gateway.settings import GatewaySettings
 from services.gateway.storage_plane import StoragePlane
 

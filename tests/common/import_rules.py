@@ -1,8 +1,11 @@
 """The layering rules of the code base, as a checker over a source tree.
 
-- A service package (a folder under services/ other than common) imports only
-  services.common and itself: the wire is the only coupling between services.
-- services.common imports no service.
+- A service package (a folder under services/ other than common and frontend) imports only
+  services.common and itself: the wire is the only coupling between services. The gateway
+  and the batch runner may also import services.frontend, the request path they share.
+- services.frontend (the OpenAI layer and the engine client) imports only services.common
+  and itself.
+- services.common imports no service, and not the frontend.
 - The scheduler's engine core (services/scheduler/core) does no I/O and knows no wire
   types: it imports only itself and services.common.block_hash.
 - kernels/ stands on nothing in services/.
@@ -17,6 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 CORE = "services.scheduler.core"
+FRONTEND = "services.frontend"
+FRONTEND_USERS = ("services.gateway", "services.batch")
 CORE_MAY_IMPORT = ("services.common.block_hash",)
 
 
@@ -59,7 +64,8 @@ def _within(module: str, package: str) -> bool:
 def layering_violations(root: Path) -> list[str]:
     services_dir = root / "services"
     service_packages = sorted(p.name for p in services_dir.iterdir()
-                              if p.is_dir() and (p / "__init__.py").exists() and p.name != "common")
+                              if p.is_dir() and (p / "__init__.py").exists()
+                              and p.name not in ("common", "frontend"))
     violations = []
     for path in _sources(root, "services"):
         name = module_name(root, path)
@@ -71,7 +77,10 @@ def layering_violations(root: Path) -> list[str]:
             where = f"{path.relative_to(root)} imports {module}"
             if own == "services.common" and target != "services.common":
                 violations.append(f"{where} (common imports no service)")
-            elif own.split(".")[1] in service_packages and target not in (own, "services.common"):
+            elif own == FRONTEND and target not in (own, "services.common"):
+                violations.append(f"{where} (the frontend imports only common and itself)")
+            elif own.split(".")[1] in service_packages and target not in (own, "services.common") \
+                    and not (target == FRONTEND and own in FRONTEND_USERS):
                 violations.append(f"{where} (a service imports only common and itself)")
             if _within(name, CORE) and not _within(module, CORE) \
                     and not any(_within(module, allowed) for allowed in CORE_MAY_IMPORT):

@@ -11,12 +11,12 @@ import httpx2 as httpx
 from prometheus_client import CollectorRegistry
 
 from services.common import wire
-from services.common.frontend.context import FrontendContext
-from services.common.frontend.mesh_client import MeshClient
-from services.common.frontend.mesh_view import MeshView
 from services.common.metrics import GatewayMetrics
 from services.common.packing import pack_int32
 from services.common.subjects import Subjects
+from services.frontend.context import FrontendContext
+from services.frontend.engine_client.mesh_client import MeshClient
+from services.frontend.engine_client.mesh_view import MeshView
 from services.gateway.app import create_app
 from services.gateway.settings import GatewaySettings
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from services.common.frontend.chat_tools import ChatOutput, plan_tools
-from services.common.frontend.errors import ApiError
-from services.common.frontend.protocol import ChatCompletionRequest
-from services.common.frontend.settings import FrontendSettings
+from services.frontend.errors import ApiError
+from services.frontend.openai.chat_tools import ChatOutput, plan_tools
+from services.frontend.openai.protocol import ChatCompletionRequest
+from services.frontend.settings import FrontendSettings
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},

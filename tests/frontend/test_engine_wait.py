@@ -8,9 +8,9 @@ import asyncio
 
 import pytest
 
-from services.common.frontend.errors import ApiError
-from services.common.frontend.generation import GenerationRun
-from services.common.frontend.mesh_view import MeshView
+from services.frontend.engine_client.mesh_view import MeshView
+from services.frontend.engine_client.request_run import GenerationRun
+from services.frontend.errors import ApiError
 from tests.frontend.test_mesh_view import beat
 
 

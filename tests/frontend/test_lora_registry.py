@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from services.common import wire
-from services.common.frontend.errors import ApiError
-from services.common.frontend.generation import GenerationRun
-from services.common.frontend.lora_registry import LoraModule, LoraRegistry, parse_lora_module
-from services.common.frontend.mesh_view import EngineView
+from services.frontend.engine_client.mesh_view import EngineView
+from services.frontend.engine_client.request_run import GenerationRun
+from services.frontend.errors import ApiError
+from services.frontend.openai.lora_registry import LoraModule, LoraRegistry, parse_lora_module
 
 
 def test_both_flag_forms_parse_and_bad_ones_say_what_is_expected() -> None:

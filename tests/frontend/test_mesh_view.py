@@ -1,5 +1,5 @@
 from services.common import wire
-from services.common.frontend.mesh_view import MeshView
+from services.frontend.engine_client.mesh_view import MeshView
 
 
 class Clock:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 
 from services.common import wire
-from services.common.frontend.mesh_client import MeshClient, TextDelta
-from services.common.frontend.mesh_view import MeshView
 from services.common.subjects import Subjects
+from services.frontend.engine_client.mesh_client import MeshClient, TextDelta
+from services.frontend.engine_client.mesh_view import MeshView
 
 
 class RestartedEngine:

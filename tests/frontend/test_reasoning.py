@@ -11,16 +11,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from services.common.frontend.chat import ChatCompletion
-from services.common.frontend.context import FrontendContext
-from services.common.frontend.generation import GenerationPlan
-from services.common.frontend.mesh_view import MeshView
-from services.common.frontend.protocol import ChatCompletionRequest
-from services.common.frontend.reasoning import ReasoningDelta, get_reasoning_parser
-from services.common.frontend.settings import FrontendSettings
 from services.common.metrics import GatewayMetrics
 from services.common.model_files import resolve_model
 from services.common.packing import unpack_int32
+from services.frontend.context import FrontendContext
+from services.frontend.engine_client.mesh_view import MeshView
+from services.frontend.engine_client.request_run import GenerationPlan
+from services.frontend.openai.protocol import ChatCompletionRequest
+from services.frontend.openai.reasoning import ReasoningDelta, get_reasoning_parser
+from services.frontend.openai.serving_chat import ChatCompletion
+from services.frontend.settings import FrontendSettings
 from services.tokenizer.service import engine_grammar
 from services.tokenizer.text_codec import TextCodec
 

@@ -1,11 +1,11 @@
 import pytest
 from pydantic import ValidationError
 
-from services.common.frontend.errors import ApiError, context_length_exceeded
-from services.common.frontend.protocol import ChatCompletionRequest, CompletionRequest
-from services.common.frontend.sampling import check_limits, sampling_params
-from services.common.frontend.settings import FrontendSettings
 from services.common.packing import unpack_float32, unpack_int32
+from services.frontend.errors import ApiError, context_length_exceeded
+from services.frontend.openai.protocol import ChatCompletionRequest, CompletionRequest
+from services.frontend.openai.sampling import check_limits, sampling_params
+from services.frontend.settings import FrontendSettings
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

@@ -10,8 +10,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from llm_mesh.embedded import EmbeddedRedis, free_port
-from services.common.frontend.auth import ApiKeys, Tenant, key_id
-from services.common.frontend.errors import ApiError
+from services.frontend.errors import ApiError
+from services.frontend.tenancy.auth import ApiKeys, Tenant, key_id
 
 # 60 tokens a minute = 1 a second, 100 at once.
 LIMITS = {"tokens_per_minute": 60, "burst_tokens": 100}

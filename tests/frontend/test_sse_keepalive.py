@@ -9,14 +9,14 @@ import asyncio
 from prometheus_client import CollectorRegistry
 
 from services.common import wire
-from services.common.frontend.completions import Completion
-from services.common.frontend.context import FrontendContext
-from services.common.frontend.mesh_client import Generation, MeshClient, TextDelta
-from services.common.frontend.mesh_view import MeshView
-from services.common.frontend.protocol import CompletionRequest
-from services.common.frontend.settings import FrontendSettings
 from services.common.metrics import GatewayMetrics
 from services.common.subjects import Subjects
+from services.frontend.context import FrontendContext
+from services.frontend.engine_client.mesh_client import Generation, MeshClient, TextDelta
+from services.frontend.engine_client.mesh_view import MeshView
+from services.frontend.openai.protocol import CompletionRequest
+from services.frontend.openai.serving_completion import Completion
+from services.frontend.settings import FrontendSettings
 
 KEEPALIVE = b": keep-alive\n\n"
 

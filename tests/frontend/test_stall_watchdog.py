@@ -1,6 +1,6 @@
 """The gateway's stall watchdog: which requests it finds stalled (MeshView's rule, from the
 engines' step counts in their heartbeats), and where a request moved off a stalled engine
-goes (services/common/frontend/migration.py)."""
+goes (services/frontend/engine_client/migration.py)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from collections.abc import Collection
 from prometheus_client import CollectorRegistry
 
 from services.common import wire
-from services.common.frontend.mesh_client import Generation, MeshClient, TextDelta
-from services.common.frontend.mesh_view import EngineView, MeshView
-from services.common.frontend.migration import Migrator
 from services.common.metrics import GatewayMetrics
 from services.common.subjects import Subjects
+from services.frontend.engine_client.mesh_client import Generation, MeshClient, TextDelta
+from services.frontend.engine_client.mesh_view import EngineView, MeshView
+from services.frontend.engine_client.migration import Migrator
 from tests.frontend.test_mesh_view import Clock
 from tests.waiting import until
 

@@ -12,11 +12,11 @@ from pydantic import ValidationError
 from transformers import AutoTokenizer
 
 from services.common import wire
-from services.common.frontend.errors import ApiError
-from services.common.frontend.protocol import ChatCompletionRequest, CompletionRequest
-from services.common.frontend.structured_outputs import JSON_OBJECT_SCHEMA, grammar_request
 from services.common.grammar.grammar_cache import GrammarCache, tokenizer_info
 from services.common.model_files import resolve_model
+from services.frontend.errors import ApiError
+from services.frontend.openai.grammar_request import JSON_OBJECT_SCHEMA, grammar_request
+from services.frontend.openai.protocol import ChatCompletionRequest, CompletionRequest
 
 Kind = wire.GrammarKind
 SCHEMA = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}}

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.common.frontend.tool_parsers import (
+from services.frontend.openai.tool_parsers import (
     ContentDelta,
     ParsedOutput,
     StreamEvent,

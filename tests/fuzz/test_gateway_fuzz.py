@@ -25,7 +25,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from pydantic.json_schema import models_json_schema
 
-from services.common.frontend.protocol import (
+from services.frontend.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,

@@ -10,12 +10,12 @@ import httpx2 as httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from services.common.frontend.auth import ApiKeys, key_id
-from services.common.frontend.context import FrontendContext
-from services.common.frontend.errors import ApiError
-from services.common.frontend.mesh_view import MeshView
-from services.common.frontend.rate_limit import Shortfall, TokenBucket
 from services.common.metrics import GatewayMetrics
+from services.frontend.context import FrontendContext
+from services.frontend.engine_client.mesh_view import MeshView
+from services.frontend.errors import ApiError
+from services.frontend.tenancy.auth import ApiKeys, key_id
+from services.frontend.tenancy.rate_limit import Shortfall, TokenBucket
 from services.gateway.app import create_app
 from services.gateway.settings import GatewaySettings
 

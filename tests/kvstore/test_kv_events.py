@@ -12,8 +12,9 @@ import pytest
 from llm_mesh.embedded import EmbeddedNats
 from services.common import wire
 from services.common.bus import Bus
-from services.common.kv_event_stream import KVEventPublisher, KVEventSubscriber
+from services.common.kv_event_stream import KVEventPublisher
 from services.common.subjects import Subjects
+from services.frontend.router.kv_event_subscriber import KVEventSubscriber
 from tests.waiting import until
 
 SUBJECTS = Subjects("kvevents")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from services.common.block_hash import BlockHasher
-from services.common.router import ApproximateIndex
+from services.frontend.router import ApproximateIndex
 
 CHAIN = BlockHasher(block_size=4).hash_blocks(list(range(40)))
 

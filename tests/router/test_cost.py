@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from services.common.router import EngineLoad, NoEngineError, RouteReason, RoutingCost
+from services.frontend.router import EngineLoad, NoEngineError, RouteReason, RoutingCost
 
 IDLE = EngineLoad()
 

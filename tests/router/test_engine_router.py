@@ -13,11 +13,11 @@ from prometheus_client import CollectorRegistry
 
 from services.common import wire
 from services.common.block_hash import BlockHasher
-from services.common.frontend.engine_router import RELEASE_MAX_AGE_S, EngineRouter, RouterMode
-from services.common.frontend.mesh_view import EngineView
-from services.common.frontend.session_table import SessionTable
 from services.common.metrics import RouterMetrics
-from services.common.router import ApproximateIndex, PrefixIndex
+from services.frontend.engine_client.mesh_view import EngineView
+from services.frontend.router import ApproximateIndex, PrefixIndex
+from services.frontend.router.engine_router import RELEASE_MAX_AGE_S, EngineRouter, RouterMode
+from services.frontend.router.session_table import SessionTable
 
 BLOCK_SIZE = 16
 CLEARED = [wire.KvEvent(cleared=wire.AllBlocksCleared())]   # a scheduler's first batch

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from services.common import wire
 from services.common.block_hash import BlockHasher
-from services.common.router import PrefixIndex
+from services.frontend.router import PrefixIndex
 
 HASHER = BlockHasher(block_size=4)
 CHAIN = HASHER.hash_blocks(list(range(40)))   # 10 chained blocks

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from services.common.frontend.tool_parsers import get_tool_parser
 from services.common.model_files import embedded_gguf_path
+from services.frontend.openai.tool_parsers import get_tool_parser
 
 pytestmark = pytest.mark.slow
 

@@ -19,10 +19,10 @@ import xgrammar as xgr
 from transformers import AutoTokenizer
 
 from services.common import wire
-from services.common.frontend.reasoning import get_reasoning_parser
 from services.common.grammar.grammar_cache import GrammarCache
 from services.common.model_files import resolve_model
 from services.common.packing import pack_int32
+from services.frontend.openai.reasoning import get_reasoning_parser
 from services.worker.structured_outputs import (
     GrammarBitmask,
     StructuredOutputs,

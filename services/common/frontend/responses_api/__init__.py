@@ -1,7 +1,0 @@
-"""OpenAI's Responses API (`POST /v1/responses`) over the chat pipeline.
-
-    protocol.py   the request body and its input items
-    items.py      input items -> chat messages, the chat request a response runs as
-    output.py     chat output -> response output items, whole or as streamed events
-    handler.py    one request's run: the response object, the event stream, the record kept
-"""
