@@ -4,7 +4,7 @@ One decode step's attention over SmolLM2-135M's shapes (9 query heads, 3 KV head
 64, 30 layers, each with its own cache, so the KV is read from memory as in a real step), for each block
 size, block layout — `contiguous` (a request's blocks in order, as a fresh engine hands them
 out) or `scattered` (a random permutation of the cache, as after hours of allocations and
-frees) — and pages: `huge` (the worker's allocation, services/worker/kv_cache.py, which
+frees) — and pages: `huge` (the worker's allocation, services/worker/kv/kv_cache.py, which
 asks for transparent huge pages) or `4k` (a plain tensor). Prints the median of --repeats
 passes over the 30 layers and the KV read rate it implies.
 """
@@ -20,8 +20,8 @@ import torch
 
 from benchmarks.harness import markdown_table, print_preamble
 from kernels import cpu_ops
-from services.worker.cpu_runtime import cpu_kernels_dir, load_cpu_kernels
-from services.worker.kv_cache import KVCacheSpec, allocate_kv_caches
+from services.worker.kv.kv_cache import KVCacheSpec, allocate_kv_caches
+from services.worker.runner.cpu_runtime import cpu_kernels_dir, load_cpu_kernels
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, NUM_LAYERS = 9, 3, 64, 30
 SPARE_BLOCKS = 64   # the cache holds more than the step reads, so a layout has room to spread

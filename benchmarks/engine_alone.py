@@ -28,7 +28,7 @@ from services.common.model_files import resolve_model
 from services.scheduler.core import Request, Scheduler
 from services.scheduler.settings import SchedulerSettings
 from services.scheduler.step_codec import decode_step_output, encode_step_input
-from services.worker.model_runner import ModelRunner
+from services.worker.runner.model_runner import ModelRunner
 from services.worker.service import runner_config
 from services.worker.settings import WorkerSettings
 

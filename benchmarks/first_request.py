@@ -28,7 +28,7 @@ def one_run(dtype: str, warm_up: bool, prompt_len: int, budget: int) -> dict[str
     """Load, then two requests in turn: seconds of each phase."""
     from benchmarks.runner import Driver
     from services.common.model_files import resolve_model
-    from services.worker.model_runner import ModelRunner, RunnerConfig
+    from services.worker.runner.model_runner import ModelRunner, RunnerConfig
 
     files = resolve_model("")
     started = time.perf_counter()

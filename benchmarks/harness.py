@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llm_mesh.bench.metrics import BenchmarkMetrics, Distribution
+from llm_mesh.bench.benchmark_metrics import BenchmarkMetrics, Distribution
 from llm_mesh.embedded import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -34,9 +34,9 @@ from benchmarks.harness import markdown_table, print_preamble, progress
 from benchmarks.runner import Driver, StepPhases, measure
 from services.common import wire
 from services.common.model_files import resolve_model
-from services.worker.model_runner import ModelRunner, RunnerConfig
 from services.worker.models.layers import Linear
 from services.worker.models.weights import WeightSource
+from services.worker.runner.model_runner import ModelRunner, RunnerConfig
 from tests.worker.driver import StepDriver
 from tests.worker.test_runner_vs_hf import CHAT_PROMPTS, MAX_NEW_TOKENS, RAW_PROMPTS
 

@@ -22,9 +22,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks.cpu_accounting import cpu_use
-from benchmarks.harness import (REPO_ROOT, RunningMesh, bench_serve, mesh_up, metrics_url,
-                                print_preamble, scrape, service_health_urls, sum_of)
-from llm_mesh.bench.metrics import BenchmarkMetrics
+from benchmarks.harness import (
+    REPO_ROOT,
+    RunningMesh,
+    bench_serve,
+    mesh_up,
+    metrics_url,
+    print_preamble,
+    scrape,
+    service_health_urls,
+    sum_of,
+)
+from llm_mesh.bench.benchmark_metrics import BenchmarkMetrics
 
 
 def scrape_services(mesh: RunningMesh, label: str, out_dir: Path) -> None:

@@ -28,7 +28,7 @@ import structlog
 from benchmarks.harness import print_preamble
 from benchmarks.runner import Driver, new_request
 from services.common.model_files import resolve_model
-from services.worker.model_runner import ModelRunner, RunnerConfig
+from services.worker.runner.model_runner import ModelRunner, RunnerConfig
 
 LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 DECODE_ROOM = 512   # tokens each decoding request may still grow by: steps of a run

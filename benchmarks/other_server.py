@@ -28,7 +28,7 @@ from pathlib import Path
 
 from benchmarks.harness import REPO_ROOT, bench_serve, markdown_table, print_preamble, serving
 from benchmarks.mesh import run_config
-from llm_mesh.bench.metrics import BenchmarkMetrics, Distribution
+from llm_mesh.bench.benchmark_metrics import BenchmarkMetrics, Distribution
 from llm_mesh.bench.plot import write_plot
 from llm_mesh.embedded import free_port
 from services.common.model_files import embedded_gguf_path, resolve_model

@@ -20,7 +20,7 @@ import torch
 from benchmarks.harness import markdown_table, print_preamble
 from services.worker.attention.backend import KVCache
 from services.worker.attention.cpu_attn import CpuAttentionBackend
-from services.worker.cpu_runtime import configure_cpu_runtime
+from services.worker.runner.cpu_runtime import configure_cpu_runtime
 from tests.worker.attention_cases import BLOCK_SIZE, AttentionCase, make_step
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 9, 3, 64

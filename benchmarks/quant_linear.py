@@ -21,8 +21,8 @@ from collections.abc import Callable
 import torch
 
 from benchmarks.harness import markdown_table, print_preamble
-from services.worker.cpu_runtime import load_cpu_kernels
 from services.worker.models.quantized import PackedBlocks, QuantizedMatrix
+from services.worker.runner.cpu_runtime import load_cpu_kernels
 from tests.worker.test_quant_linear import random_blocks
 
 LAYER_SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))   # (N, K) per layer

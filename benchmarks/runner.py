@@ -44,8 +44,8 @@ from kernels import cpu_ops
 from services.common import wire_pb
 from services.common.model_files import ModelFiles, resolve_model
 from services.common.packing import pack_int32
-from services.worker.model_loader import resolve_device
-from services.worker.model_runner import ModelRunner, RunnerConfig
+from services.worker.runner.model_loader import resolve_device
+from services.worker.runner.model_runner import ModelRunner, RunnerConfig
 
 # A competing process for --background: `busy` spins one core; `light` spins ~1 ms every 10 ms.
 BACKGROUND_CODE = {

@@ -23,7 +23,7 @@ from pathlib import Path
 from benchmarks.harness import bench_serve, markdown_table, print_preamble, serving
 from benchmarks.mesh import run_config
 from benchmarks.other_server import bench_args
-from llm_mesh.bench.metrics import BenchmarkMetrics
+from llm_mesh.bench.benchmark_metrics import BenchmarkMetrics
 from llm_mesh.embedded import free_port
 
 

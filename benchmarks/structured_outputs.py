@@ -1,6 +1,6 @@
 """What structured outputs cost a worker step: the grammar bitmask of a batch of constrained
 rows, filled and applied once over the batch (the worker's own code path:
-services/worker/structured_outputs.py fills, the sampler applies with its apply_bitmask),
+services/worker/sampling/structured_outputs.py fills, the sampler applies with its apply_bitmask),
 then each matcher advanced by its token. xgrammar's own CPU kernel applies the same mask
 beside it, for comparison (the results are checked equal).
 
@@ -28,7 +28,7 @@ from benchmarks.harness import distribution, markdown_table, print_preamble, pro
 from services.common import wire
 from services.common.model_files import resolve_model
 from services.worker.models.config import ModelConfig
-from services.worker.structured_outputs import (
+from services.worker.sampling.structured_outputs import (
     StructuredOutputs,
     apply_bitmask,
     load_tokenizer_info,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from benchmarks.harness import REPO_ROOT, markdown_table, print_preamble
 from benchmarks.mesh import run_config
-from llm_mesh.bench.metrics import BenchmarkMetrics
+from llm_mesh.bench.benchmark_metrics import BenchmarkMetrics
 
 
 def hf_figures(dtype: str, sizes: list[int], input_len: int, output_len: int,

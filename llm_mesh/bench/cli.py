@@ -22,16 +22,27 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from llm_mesh.bench.metrics import BenchmarkMetrics, compute_metrics, parse_slos
-from llm_mesh.bench.openai_client import (ENDPOINT_PATHS, TRANSPORTS, OpenAIClient,
-                                          SamplingOptions, encode_body)
+from llm_mesh.bench.benchmark_metrics import BenchmarkMetrics, compute_metrics, parse_slos
+from llm_mesh.bench.openai_client import (
+    ENDPOINT_PATHS,
+    TRANSPORTS,
+    OpenAIClient,
+    SamplingOptions,
+    encode_body,
+)
 from llm_mesh.bench.plot import write_plot
 from llm_mesh.bench.report import build_json, format_detail, format_sweep, write_json
 from llm_mesh.bench.runner import BenchmarkPoint, RunResult, run_point
 from llm_mesh.bench.sessions import MultiTurnOptions, build_conversations, run_sessions
 from llm_mesh.bench.stream_parser import RequestResult
-from llm_mesh.bench.workloads import (WORKLOADS, PromptBuilder, WorkloadOptions, build_requests,
-                                      load_tokenizer, read_jsonl)
+from llm_mesh.bench.workloads import (
+    WORKLOADS,
+    PromptBuilder,
+    WorkloadOptions,
+    build_requests,
+    load_tokenizer,
+    read_jsonl,
+)
 
 USAGE = "llm-mesh bench serve [options]   (llm-mesh bench serve --help lists them)"
 DEFAULT_NUM_PROMPTS = 100

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from llm_mesh.bench.metrics import BenchmarkMetrics
+from llm_mesh.bench.benchmark_metrics import BenchmarkMetrics
 
 
 def write_plot(path: str | Path, series: Mapping[str, Sequence[BenchmarkMetrics]],

@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from llm_mesh.bench.metrics import BenchmarkMetrics, Distribution
+from llm_mesh.bench.benchmark_metrics import BenchmarkMetrics, Distribution
 from llm_mesh.bench.stream_parser import RequestResult
 
 LATENCIES = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2E"))

@@ -20,7 +20,7 @@ from services.scheduler.core.request import Request, RequestStatus
 from services.scheduler.core.scheduler import Scheduler
 from services.scheduler.delta_publisher import DeltaPublisher
 from services.scheduler.engine_stats import EngineStats
-from services.scheduler.kv.runtime import KVConnectorRuntime
+from services.scheduler.kv.connector_runtime import KVConnectorRuntime
 from services.scheduler.settings import SchedulerSettings
 from services.scheduler.step_codec import decode_step_output, encode_step_input
 from services.scheduler.worker_link import StepFailed, WorkerGone, WorkerLink

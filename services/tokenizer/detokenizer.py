@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from tokenizers.decoders import DecodeStream
 
 from services.common import wire
-from services.tokenizer.stop_checker import StopChecker
+from services.tokenizer.stop_strings import StopChecker
 from services.tokenizer.text_codec import TextCodec
 
 

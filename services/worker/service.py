@@ -1,5 +1,5 @@
 """The worker service: one per accelerator. It holds the model weights and KV tensors and
-runs the steps its scheduler sends (services/worker/model_runner.py does the work)."""
+runs the steps its scheduler sends (services/worker/runner/model_runner.py does the work)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from services.common.service import Service
 from services.common.step_channel import StepChannelServer, host_identity
 from services.worker.kv.connector import WorkerKVConnector
 from services.worker.kv.transfer import KVTransferThread
-from services.worker.model_runner import ModelRunner, RunnerConfig
+from services.worker.runner.model_runner import ModelRunner, RunnerConfig
 from services.worker.settings import WorkerSettings
 
 GIL_SWITCH_INTERVAL_S = 0.0002

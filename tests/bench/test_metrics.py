@@ -7,8 +7,13 @@ import math
 import numpy as np
 import pytest
 
-from llm_mesh.bench.metrics import (BenchmarkMetrics, Distribution, compute_metrics, meets_slos,
-                                    parse_slos)
+from llm_mesh.bench.benchmark_metrics import (
+    BenchmarkMetrics,
+    Distribution,
+    compute_metrics,
+    meets_slos,
+    parse_slos,
+)
 from llm_mesh.bench.report import build_json
 from llm_mesh.bench.runner import BenchmarkPoint, RunResult, arrival_offsets
 from llm_mesh.bench.stream_parser import RequestResult

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from llm_mesh.bench.benchmark_metrics import compute_metrics
 from llm_mesh.bench.cli import main
-from llm_mesh.bench.metrics import compute_metrics
 from llm_mesh.bench.openai_client import OpenAIClient, SamplingOptions, encode_body
 from llm_mesh.bench.runner import BenchmarkPoint, RunResult
 from llm_mesh.bench.sessions import MultiTurnOptions, build_conversations, run_sessions

@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 
 from benchmarks.random_checkpoint import SHAPES, TOKENIZER_FILES, build
 from services.common.model_files import resolve_model
-from services.worker.model_runner import ModelRunner, RunnerConfig
 from services.worker.models.config import ModelConfig
+from services.worker.runner.model_runner import ModelRunner, RunnerConfig
 from tests.worker.driver import StepDriver
 
 

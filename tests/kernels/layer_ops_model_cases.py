@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from services.worker.model_runner import ModelRunner, RunnerConfig
 from services.worker.models import llama
 from services.worker.models.layer_ops import TorchLayerOps, TritonLayerOps
+from services.worker.runner.model_runner import ModelRunner, RunnerConfig
 from tests.kernels.harness import DEVICE
 from tests.worker.tiny_models import assert_logprobs_match_hf, save_tiny_model
 

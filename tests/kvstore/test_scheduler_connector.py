@@ -8,12 +8,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from services.scheduler.core import Request, RunnerOutput, Scheduler, SchedulerConfig
-from services.scheduler.core.kv_connector import (KVConnectorOutput, KVRole,
-                                                  LoadFailurePolicy, SaveMode,
-                                                  SchedulerKVConnector)
+from services.scheduler.core.kv_connector.connector import (
+    KVConnectorOutput,
+    KVRole,
+    LoadFailurePolicy,
+    SaveMode,
+    SchedulerKVConnector,
+)
 from services.scheduler.core.request import RequestStatus
-from tests.scheduler.fakes import (FakeWorker, ManualClock, Run, check_kv_cache_manager,
-                                   make_request, reference_output, run_until_done, step)
+from tests.scheduler.fakes import (
+    FakeWorker,
+    ManualClock,
+    Run,
+    check_kv_cache_manager,
+    make_request,
+    reference_output,
+    run_until_done,
+    step,
+)
 
 BLOCK = 4
 PROMPT = list(range(100, 141))   # 41 tokens: 10 full blocks, the last one is never loaded

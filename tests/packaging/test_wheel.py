@@ -15,7 +15,7 @@ import pytest
 
 from kernels import cpu_ops
 from llm_mesh.embedded import free_port
-from services.worker.cpu_runtime import cpu_kernels_dir
+from services.worker.runner.cpu_runtime import cpu_kernels_dir
 from tests.mesh import ENGINE_ARGS, REPO_ROOT, http_get, http_post
 from tests.packaging.wheel import (
     build_wheel,

@@ -13,8 +13,8 @@ import pytest
 
 from services.common import wire
 from services.common.speculative_config import SpeculativeConfig
-from services.worker.model_runner import ModelRunner, RunnerConfig
-from services.worker.structured_outputs import StructuredOutputs, load_tokenizer_info
+from services.worker.runner.model_runner import ModelRunner, RunnerConfig
+from services.worker.sampling.structured_outputs import StructuredOutputs, load_tokenizer_info
 from tests.spec_decode.test_runner_spec import NGRAM, SUFFIX
 from tests.worker.char_model import EOS, PIECES, char_ids, compile_when_added, save_char_model
 from tests.worker.driver import StepDriver

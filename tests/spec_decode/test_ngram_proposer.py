@@ -7,7 +7,7 @@ import torch
 from services.common import wire_pb
 from services.common.packing import pack_int32
 from services.common.speculative_config import SpeculativeConfig
-from services.worker.input_batch import InputBatch
+from services.worker.runner.input_batch import InputBatch
 from services.worker.spec_decode.ngram_proposer import NgramProposer
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from services.common import wire
 from services.common.speculative_config import SpeculativeConfig
-from services.worker.model_runner import ModelRunner, RunnerConfig
+from services.worker.runner.model_runner import ModelRunner, RunnerConfig
 from tests.worker.driver import StepDriver
 
 NGRAM = SpeculativeConfig("ngram", num_speculative_tokens=3, prompt_lookup_min=1,

@@ -10,9 +10,9 @@ import torch
 
 from services.common import wire_pb
 from services.common.packing import pack_int32
-from services.worker.input_batch import InputBatch
-from services.worker.sampler import Sampler
-from services.worker.sampling_metadata import build_sampling_metadata
+from services.worker.runner.input_batch import InputBatch
+from services.worker.sampling.sampler import Sampler
+from services.worker.sampling.sampling_metadata import build_sampling_metadata
 from services.worker.spec_decode.verifier import DraftVerifier
 
 VOCAB = 12

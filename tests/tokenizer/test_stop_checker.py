@@ -1,7 +1,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.tokenizer.stop_checker import StopChecker
+from services.tokenizer.stop_strings import StopChecker
 
 
 def feed(checker: StopChecker, pieces: list[str]) -> tuple[str, str | None]:

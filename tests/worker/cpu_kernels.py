@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kernels import cpu_ops
-from services.worker.cpu_runtime import cpu_kernels_dir, load_cpu_kernels
+from services.worker.runner.cpu_runtime import cpu_kernels_dir, load_cpu_kernels
 
 
 def require_cpu_ops() -> ModuleType:

@@ -19,7 +19,7 @@ from google.protobuf.message import Message as PbMessage
 
 from services.common import wire, wire_pb
 from services.common.packing import pack_int32, unpack_float32, unpack_int32
-from services.worker.model_runner import ModelRunner
+from services.worker.runner.model_runner import ModelRunner
 
 Pb = TypeVar("Pb", bound=PbMessage)
 

@@ -17,16 +17,22 @@ import numpy as np
 import pytest
 import torch
 
-from services.worker.cpu_runtime import load_cpu_kernels
-from services.worker.model_runner import ModelRunner, RunnerConfig
 from services.worker.models.checkpoint_quant import (
-    UnsupportedQuantizationError, parse_quantization_config)
+    UnsupportedQuantizationError,
+    parse_quantization_config,
+)
 from services.worker.models.checkpoint_quant.int4_packing import (
-    AWQ_ORDER, pack_rows, unpack_cols, unpack_rows)
+    AWQ_ORDER,
+    pack_rows,
+    unpack_cols,
+    unpack_rows,
+)
 from services.worker.models.checkpoint_quant.int4_weight import Int4Weight
 from services.worker.models.checkpoint_quant.reference import fp8_linear
 from services.worker.models.int8 import Int8Linear, Int8Ops
 from services.worker.models.layers import Linear
+from services.worker.runner.cpu_runtime import load_cpu_kernels
+from services.worker.runner.model_runner import ModelRunner, RunnerConfig
 from tests.worker import quantized_checkpoints as qc
 from tests.worker.models.hf_compare import assert_matches_hf
 

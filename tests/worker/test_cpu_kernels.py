@@ -12,8 +12,7 @@ import torch
 from services.worker.attention.cpu_attn import CpuAttentionBackend
 from services.worker.models.layer_ops import CpuLayerOps, TorchLayerOps
 from services.worker.models.rotary import RotaryEmbedding
-from tests.worker.attention_cases import (CASES, AttentionCase, make_step, run_backend,
-                                          run_reference)
+from tests.worker.attention_cases import CASES, AttentionCase, make_step, run_backend, run_reference
 from tests.worker.cpu_kernels import num_threads, require_cpu_ops
 
 LONG_CASES = [
@@ -111,7 +110,7 @@ def test_built_kernels_load_without_running_the_build(monkeypatch: pytest.Monkey
     from torch.utils import cpp_extension
 
     from kernels import cpu_ops
-    from services.worker.cpu_runtime import cpu_kernels_dir
+    from services.worker.runner.cpu_runtime import cpu_kernels_dir
 
     require_cpu_ops()   # built once
 

@@ -1,4 +1,4 @@
-"""CUDA graphs (services/worker/cuda_graphs.py) change launch overhead, not results: greedy
+"""CUDA graphs (services/worker/runner/cuda_graphs.py) change launch overhead, not results: greedy
 decodes replayed from captured graphs give the tokens eager steps give, and their logprobs,
 on a tiny random Llama (Triton attention and layer ops inside the graphs), in fp32 with a
 batch padded up to the next captured size and in bf16 with a batch of a captured size.
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from services.common import wire
-from services.worker.model_runner import ModelRunner, RunnerConfig
-from services.worker.step_batch import StepBatch
+from services.worker.runner.model_runner import ModelRunner, RunnerConfig
+from services.worker.runner.step_batch import StepBatch
 from tests.kernels.harness import DEVICE
 from tests.worker.driver import StepDriver
 from tests.worker.tiny_models import save_tiny_model

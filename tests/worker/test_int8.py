@@ -16,16 +16,16 @@ import torch.nn.functional as F
 
 from services.common import wire
 from services.common.model_files import resolve_model
-from services.worker.config import RunnerConfig
 from services.worker.kv.connector import kv_fingerprint
-from services.worker import model_loader
-from services.worker.kv_cache import KVCacheSpec
-from services.worker.model_runner import ModelRunner
+from services.worker.kv.kv_cache import KVCacheSpec
 from services.worker.models import int8
 from services.worker.models.int8 import Int8Linear, Int8Ops, quantize_weight
 from services.worker.models.layer_ops import TorchLayerOps
 from services.worker.models.smoothing import SmoothedWeights
 from services.worker.models.weights import WeightSource
+from services.worker.runner import model_loader
+from services.worker.runner.config import RunnerConfig
+from services.worker.runner.model_runner import ModelRunner
 from tests.reference import hf_model
 from tests.worker.cpu_kernels import num_threads, require_cpu_ops
 from tests.worker.driver import StepDriver

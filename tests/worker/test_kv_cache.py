@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.worker.kv_cache import (
+from services.worker.kv.kv_cache import (
     KVCacheSpec,
     KVCacheTooSmallError,
     accelerator_kv_budget,

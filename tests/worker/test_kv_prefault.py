@@ -9,8 +9,8 @@ import threading
 import pytest
 import torch
 
-from services.worker.kv_cache import KVCacheSpec, _lazily_zeroed, allocate_kv_caches
-from services.worker.kv_prefault import lowest_priority, prefault
+from services.worker.kv.kv_cache import KVCacheSpec, _lazily_zeroed, allocate_kv_caches
+from services.worker.kv.kv_prefault import lowest_priority, prefault
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 

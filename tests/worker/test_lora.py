@@ -24,7 +24,7 @@ from services.common import wire
 from services.common.model_files import resolve_model
 from services.common.packing import unpack_int32, unpack_strings
 from services.worker.lora import BASE_LORA_ID, LoraError, LoraManager
-from services.worker.model_runner import ModelRunner, RunnerConfig
+from services.worker.runner.model_runner import ModelRunner, RunnerConfig
 from tests.worker.driver import StepDriver
 from tests.worker.tiny_models import TINY, save_tiny_model
 

@@ -9,8 +9,8 @@ import pytest
 
 from services.common import wire_pb
 from services.common.packing import pack_int32, unpack_int32
-from services.worker.kv_cache import KVCacheTooSmallError
-from services.worker.model_runner import ModelRunner, RunnerConfig
+from services.worker.kv.kv_cache import KVCacheTooSmallError
+from services.worker.runner.model_runner import ModelRunner, RunnerConfig
 from tests.worker.driver import StepDriver, new_request_data
 from tests.worker.tiny_models import save_tiny_model
 

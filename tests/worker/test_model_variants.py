@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from services.worker.model_runner import ModelRunner, RunnerConfig
+from services.worker.runner.model_runner import ModelRunner, RunnerConfig
 from tests.worker.tiny_models import VARIANTS, assert_logprobs_match_hf, save_tiny_model
 
 

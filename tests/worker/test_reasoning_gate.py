@@ -23,7 +23,7 @@ from services.common.grammar.grammar_cache import GrammarCache
 from services.common.model_files import resolve_model
 from services.common.packing import pack_int32
 from services.frontend.openai.reasoning import get_reasoning_parser
-from services.worker.structured_outputs import (
+from services.worker.sampling.structured_outputs import (
     GrammarBitmask,
     StructuredOutputs,
     load_tokenizer_info,

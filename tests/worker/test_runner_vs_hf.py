@@ -11,7 +11,7 @@ import torch
 
 from services.common import wire
 from services.common.model_files import resolve_model
-from services.worker.model_runner import ModelRunner, RunnerConfig
+from services.worker.runner.model_runner import ModelRunner, RunnerConfig
 from tests.reference import hf_chat_prompt_ids, hf_greedy_ids, hf_model
 from tests.worker.driver import StepDriver
 

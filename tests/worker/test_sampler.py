@@ -8,15 +8,15 @@ import torch
 
 from services.common import wire_pb
 from services.common.packing import pack_float32, pack_int32
-from services.worker import sampler as sampler_module
-from services.worker.input_batch import InputBatch
-from services.worker.sampler import (
+from services.worker.runner.input_batch import InputBatch
+from services.worker.sampling import sampler as sampler_module
+from services.worker.sampling.sampler import (
     Sampler,
     apply_logits_processing,
     apply_min_p,
     candidate_probs,
 )
-from services.worker.sampling_metadata import SamplingMetadata, build_sampling_metadata
+from services.worker.sampling.sampling_metadata import SamplingMetadata, build_sampling_metadata
 
 VOCAB = 64
 EOS = 2

@@ -20,8 +20,8 @@ import xgrammar as xgr
 from services.common import wire
 from services.common.grammar.grammar_cache import GrammarCache
 from services.common.packing import unpack_int32, unpack_strings
-from services.worker.model_runner import ModelRunner, RunnerConfig
-from services.worker.structured_outputs import (
+from services.worker.runner.model_runner import ModelRunner, RunnerConfig
+from services.worker.sampling.structured_outputs import (
     GrammarBitmask,
     StructuredOutputs,
     apply_bitmask,

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from services.common.model_files import resolve_model
-from services.worker.model_runner import ModelRunner, RunnerConfig
 from services.worker.models.config import ModelConfig
 from services.worker.models.weights import WeightSource
 from services.worker.parallel.sharding import ShardedWeights, ShardPlan, share
+from services.worker.runner.model_runner import ModelRunner, RunnerConfig
 from tests.reference import hf_chat_prompt_ids, hf_greedy_ids, hf_model
 from tests.worker.driver import StepDriver
 from tests.worker.test_runner_vs_hf import CHAT_PROMPTS, MAX_NEW_TOKENS, RAW_PROMPTS

@@ -8,7 +8,7 @@ import torch
 import transformers
 
 from services.common import wire
-from services.worker.model_runner import ModelRunner
+from services.worker.runner.model_runner import ModelRunner
 from tests.worker.driver import StepDriver
 
 TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,

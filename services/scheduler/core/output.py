@@ -13,7 +13,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeAlias
 
 if TYPE_CHECKING:
-    from services.scheduler.core.kv_connector import KVConnectorMetadata, KVConnectorOutput
+    from services.scheduler.core.kv_connector.connector import (
+        KVConnectorMetadata,
+        KVConnectorOutput,
+    )
     from services.scheduler.core.request import Request
     from services.scheduler.core.spec_decode import SpecDecodingStats
 

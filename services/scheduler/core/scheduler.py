@@ -16,9 +16,10 @@ from services.scheduler.core.admission import check_admission, check_fits
 from services.scheduler.core.config import SchedulerConfig
 from services.scheduler.core.errors import RequestTooLong
 from services.scheduler.core.kv_cache_manager import KVCacheManager
-from services.scheduler.core.kv_connector import SchedulerKVConnector
+from services.scheduler.core.kv_connector.connector import SchedulerKVConnector
+from services.scheduler.core.kv_connector.loading import LOADING, KVLoading
 from services.scheduler.core.kv_events import KVCacheEvent
-from services.scheduler.core.kv_loading import LOADING, KVLoading
+from services.scheduler.core.lora_slots import LoraSlots
 from services.scheduler.core.output import (
     CachedRequestData,
     EngineCoreOutput,
@@ -27,7 +28,6 @@ from services.scheduler.core.output import (
     SchedulerOutput,
     SchedulerStats,
 )
-from services.scheduler.core.lora_slots import LoraSlots
 from services.scheduler.core.request import Request, RequestStatus
 from services.scheduler.core.request_queue import create_request_queue
 from services.scheduler.core.spec_decode import (
@@ -38,7 +38,7 @@ from services.scheduler.core.spec_decode import (
 from services.scheduler.core.step_plan import StepPlan
 from services.scheduler.core.step_time import StepTimeModel
 from services.scheduler.core.step_tokens import advance, forget_worker_row, may_run_ahead
-from services.scheduler.core.stop_checker import append_output_tokens
+from services.scheduler.core.stop_tokens import append_output_tokens
 
 _INT32_MAX = 2**31 - 1
 RUNNING = RequestStatus.RUNNING

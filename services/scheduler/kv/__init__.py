@@ -1,3 +1,3 @@
-"""The scheduler service's KV connector plumbing around the pure core/kv_connector.py: the
+"""The scheduler service's KV connector plumbing around the pure core/kv_connector/: the
 kvstore lookup at admission (lookup.py), its StepInput/StepOutput columns (codec.py) and the
-service's calls into both (runtime.py)."""
+service's calls into both (connector_runtime.py)."""

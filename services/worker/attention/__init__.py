@@ -30,7 +30,7 @@ def get_attention_backend_cls(name: str, device: torch.device,
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch"
     if name == "torch":
-        from services.worker.cpu_runtime import load_cpu_kernels
+        from services.worker.runner.cpu_runtime import load_cpu_kernels
 
         if device.type == "cpu" and kv_cache_dtype != "fp8" and load_cpu_kernels() is not None:
             from services.worker.attention.cpu_attn import CpuAttentionBackend

@@ -20,7 +20,7 @@ import torch
 
 from services.worker.attention.backend import AttentionLayer, CommonAttentionMetadata, KVCache
 from services.worker.attention.torch_attn import TorchAttentionBackend
-from services.worker.cpu_runtime import load_cpu_kernels
+from services.worker.runner.cpu_runtime import load_cpu_kernels
 
 
 @dataclass

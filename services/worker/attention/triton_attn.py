@@ -4,7 +4,7 @@ Per layer: reshape_and_cache writes the step's keys/values, then paged_decode_at
 the decode rows (one query token each, all heads of a KV head in one program) and
 paged_prefill_attention the prefill chunks, both reading the paged cache in place.
 Nothing here reads device values back to the host, so a decode-only step can be captured in a
-CUDA graph (services/worker/cuda_graphs.py).
+CUDA graph (services/worker/runner/cuda_graphs.py).
 """
 
 from __future__ import annotations

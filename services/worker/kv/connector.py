@@ -21,9 +21,15 @@ import numpy as np
 import torch
 
 from services.common import wire_pb
-from services.common.packing import pack_int32, pack_uint8, unpack_int32, unpack_strings, unpack_uint8
+from services.common.packing import (
+    pack_int32,
+    pack_uint8,
+    unpack_int32,
+    unpack_strings,
+    unpack_uint8,
+)
 from services.worker.attention.backend import KVCache
-from services.worker.kv_cache import KVCacheSpec
+from services.worker.kv.kv_cache import KVCacheSpec
 from services.worker.kv.transfer import KVTransferThread, LoadResult, SaveResult
 
 LAYOUT = "layers,kv,block,heads,dim"

@@ -15,11 +15,11 @@ import numpy as np
 import structlog
 
 from services.common import wire_pb
-from services.worker.input_batch import InputBatch
 from services.worker.lora.adapter import LoraError
 from services.worker.lora.lora_manager import BASE_LORA_ID, LoraManager
-from services.worker.step_batch import StepBatch
-from services.worker.step_output import add_rejections
+from services.worker.runner.input_batch import InputBatch
+from services.worker.runner.step_batch import StepBatch
+from services.worker.runner.step_output import add_rejections
 
 log = structlog.get_logger(__name__)
 

@@ -22,17 +22,16 @@ import torch
 import torch.nn.functional as F
 
 from services.worker.attention.backend import AttentionBackend, AttentionLayer, KVCache
-from services.worker.cpu_runtime import load_cpu_kernels
 from services.worker.models.checkpoint_quant.scheme import LinearLike
 from services.worker.models.config import ModelConfig
 from services.worker.models.int8 import Int8Linear
-from services.worker.models.quantized import BlockSource
 from services.worker.models.layer_ops import TorchLayerOps, layer_ops_for
 from services.worker.models.layers import Linear
+from services.worker.models.quantized import BlockSource
 from services.worker.models.rotary import RotaryEmbedding
 from services.worker.models.vision.mrope import MRotaryEmbedding
 from services.worker.models.weights import WeightSource
-
+from services.worker.runner.cpu_runtime import load_cpu_kernels
 
 LinearFactory = Callable[..., Linear | Int8Linear]   # (weight names, bias=None) -> a linear
 

@@ -29,7 +29,6 @@ import torch
 from services.common import wire_pb
 from services.common.metrics import EncoderCacheMetrics
 from services.common.packing import unpack_int32
-from services.worker.config import RunnerConfig
 from services.worker.models.config import ModelConfig, UnsupportedModelError
 from services.worker.models.vision.encoder_cache import EncoderCache
 from services.worker.models.vision.mrope import mrope_positions
@@ -37,8 +36,9 @@ from services.worker.models.vision.qwen2_vl_grid import Grid
 from services.worker.models.vision.registry import load_vision_encoder
 from services.worker.models.weights import WeightSource
 from services.worker.multimodal.mm_request import MultiModalRequest
-from services.worker.step_batch import StepBatch
-from services.worker.step_output import add_rejections
+from services.worker.runner.config import RunnerConfig
+from services.worker.runner.step_batch import StepBatch
+from services.worker.runner.step_output import add_rejections
 
 log = structlog.get_logger(__name__)
 

@@ -29,16 +29,7 @@ import torch
 
 from llm_mesh.embedded import free_port
 from services.worker.attention.backend import AttentionBackend, KVCache
-from services.worker.config import RunnerConfig
-from services.worker.cpu_runtime import configure_cpu_runtime
-from services.worker.kv_cache import allocate_kv_caches
-from services.worker.model_loader import (
-    attention_backend,
-    kv_cache_spec,
-    load_model,
-    max_model_len,
-    resolve_device,
-)
+from services.worker.kv.kv_cache import allocate_kv_caches
 from services.worker.models.checkpoint_quant import read_checkpoint_quant
 from services.worker.models.config import ModelConfig
 from services.worker.models.llama import LlamaForCausalLM
@@ -48,6 +39,15 @@ from services.worker.parallel.group import TensorParallelGroup, rank_cores
 from services.worker.parallel.layers import parallelize
 from services.worker.parallel.sharding import ShardedWeights, ShardPlan
 from services.worker.parallel.shm_collectives import SharedMemoryCollectives, new_segment_path
+from services.worker.runner.config import RunnerConfig
+from services.worker.runner.cpu_runtime import configure_cpu_runtime
+from services.worker.runner.model_loader import (
+    attention_backend,
+    kv_cache_spec,
+    load_model,
+    max_model_len,
+    resolve_device,
+)
 
 log = structlog.get_logger(__name__)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from services.worker.input_batch import NO_LOGPROBS, InputBatch
+from services.worker.runner.input_batch import NO_LOGPROBS, InputBatch
 
 
 class DraftInputBatch:

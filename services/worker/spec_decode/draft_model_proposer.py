@@ -33,15 +33,15 @@ import torch
 from services.common import wire_pb
 from services.common.model_files import resolve_model
 from services.common.packing import pack_int32
-from services.worker.config import RunnerConfig, RunnerInfo
-from services.worker.input_batch import InputBatch
-from services.worker.kv_cache import allocate_kv_caches
-from services.worker.model_loader import attention_backend, kv_cache_spec, load_model
+from services.worker.kv.kv_cache import allocate_kv_caches
 from services.worker.models.config import ModelConfig
 from services.worker.models.weights import WeightSource
+from services.worker.runner.config import RunnerConfig, RunnerInfo
+from services.worker.runner.input_batch import InputBatch
+from services.worker.runner.model_loader import attention_backend, kv_cache_spec, load_model
+from services.worker.runner.step_batch import prepare_step_batch
 from services.worker.spec_decode.draft_input_batch import DraftInputBatch
 from services.worker.spec_decode.proposer import Proposer
-from services.worker.step_batch import prepare_step_batch
 
 log = structlog.get_logger(__name__)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from services.common.speculative_config import SpeculativeConfig
-from services.worker.input_batch import InputBatch
+from services.worker.runner.input_batch import InputBatch
 from services.worker.spec_decode.proposer import Proposer
 
 _PAD = -1   # left padding of shorter rows: never equal to a token id

@@ -7,7 +7,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from services.worker.input_batch import InputBatch
+from services.worker.runner.input_batch import InputBatch
 
 
 class Proposer(ABC):

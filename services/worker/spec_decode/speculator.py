@@ -8,8 +8,8 @@ import torch
 
 from services.common import wire_pb
 from services.common.packing import pack_int32
-from services.worker.config import RunnerConfig, RunnerInfo
-from services.worker.input_batch import InputBatch
+from services.worker.runner.config import RunnerConfig, RunnerInfo
+from services.worker.runner.input_batch import InputBatch
 from services.worker.spec_decode.draft_model_proposer import DraftModelProposer
 from services.worker.spec_decode.ngram_proposer import NgramProposer
 from services.worker.spec_decode.proposer import Proposer

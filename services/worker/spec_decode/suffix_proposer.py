@@ -23,7 +23,7 @@ from collections import deque
 import numpy as np
 
 from services.common.speculative_config import SpeculativeConfig
-from services.worker.input_batch import InputBatch
+from services.worker.runner.input_batch import InputBatch
 from services.worker.spec_decode.proposer import Proposer
 
 _END = -1                       # separates cached outputs: never equal to a token id

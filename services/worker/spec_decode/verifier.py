@@ -24,8 +24,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from services.worker.input_batch import InputBatch, concat_ranges
-from services.worker.sampling_metadata import SamplingMetadata
+from services.worker.runner.input_batch import InputBatch, concat_ranges
+from services.worker.sampling.sampling_metadata import SamplingMetadata
 
 
 class DraftVerifier:

@@ -17,7 +17,7 @@ import torch
 import transformers
 
 from services.common import wire
-from services.worker.model_runner import ModelRunner, RunnerConfig
+from services.worker.runner.model_runner import ModelRunner, RunnerConfig
 from tests.worker.driver import StepDriver
 
 VOCAB = 256

@@ -23,15 +23,22 @@ from services.tokenizer.multimodal.content_hash import hash_image
 from services.tokenizer.multimodal.image_decoder import DecodedImage
 from services.tokenizer.multimodal.placeholders import expand_placeholders
 from services.tokenizer.multimodal.registry import create_image_processing
-from services.worker.config import RunnerConfig
-from services.worker.model_runner import ModelRunner
 from services.worker.models.config import ModelConfig
+from services.worker.runner.config import RunnerConfig
+from services.worker.runner.model_runner import ModelRunner
 from tests.worker.driver import StepDriver
 from tests.worker.vision.tiny_vlm_dirs import FAMILIES, save_tiny_vlm
 from tests.worker.vision.tiny_vlms import noise_images
 from tests.worker.vision.vlm_prompts import (
-    MAX_NEW_TOKENS, Family, Prompt, assert_logprobs_match_hf, build_prompt, chat_text,
-    hf_generate, load_family)
+    MAX_NEW_TOKENS,
+    Family,
+    Prompt,
+    assert_logprobs_match_hf,
+    build_prompt,
+    chat_text,
+    hf_generate,
+    load_family,
+)
 
 # (height, width) of the noise images: each gives a few image tokens in either family
 # (Idefics3 also cuts them into tiles beside the global image).

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from services.worker.sampling_metadata import SamplingMetadata
-from services.worker.structured_outputs import apply_bitmask
+from services.worker.sampling.sampling_metadata import SamplingMetadata
+from services.worker.sampling.structured_outputs import apply_bitmask
 
 NUCLEUS_CANDIDATES = 1024  # candidates for rows with top-p but no top-k
 

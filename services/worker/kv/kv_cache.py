@@ -16,7 +16,7 @@ import structlog
 import torch
 
 from services.worker.attention.backend import KVCache
-from services.worker.kv_prefault import prefault_in_background
+from services.worker.kv.kv_prefault import prefault_in_background
 
 log = structlog.get_logger(__name__)
 

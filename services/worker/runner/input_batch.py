@@ -13,7 +13,7 @@ import torch
 
 from services.common import wire_pb
 from services.common.packing import unpack_float32, unpack_int32
-from services.worker.structured_outputs import StructuredOutputs
+from services.worker.sampling.structured_outputs import StructuredOutputs
 
 NO_LOGPROBS = -1
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from services.scheduler.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
-from services.scheduler.core.kv_connector import SchedulerKVConnector
+from services.scheduler.core.kv_connector.connector import SchedulerKVConnector
 from services.scheduler.core.output import EngineCoreOutput
 from services.scheduler.core.request import Request, RequestStatus
 from services.scheduler.core.request_queue import RequestQueue

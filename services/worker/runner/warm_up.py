@@ -19,7 +19,7 @@ from services.common import wire_pb
 from services.common.packing import pack_int32
 
 if TYPE_CHECKING:
-    from services.worker.model_runner import ModelRunner
+    from services.worker.runner.model_runner import ModelRunner
 
 log = structlog.get_logger(__name__)
 

@@ -20,7 +20,12 @@ import torch
 from services.common import wire_pb
 from services.common.packing import unpack_int32
 from services.worker.attention.backend import CommonAttentionMetadata
-from services.worker.input_batch import NO_LOGPROBS, InputBatch, InputBatchError, concat_ranges
+from services.worker.runner.input_batch import (
+    NO_LOGPROBS,
+    InputBatch,
+    InputBatchError,
+    concat_ranges,
+)
 
 
 @dataclass

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from services.worker.input_batch import NO_LOGPROBS, InputBatch, offsets_in_runs
-from services.worker.structured_outputs import GrammarBitmask
+from services.worker.runner.input_batch import NO_LOGPROBS, InputBatch, offsets_in_runs
+from services.worker.sampling.structured_outputs import GrammarBitmask
 
 SAMPLING_EPS = 1e-5  # temperatures below this are greedy (vLLM's threshold)
 

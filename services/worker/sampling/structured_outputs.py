@@ -45,7 +45,7 @@ from transformers import AutoTokenizer
 from services.common import wire_pb
 from services.common.grammar.grammar_cache import GrammarCache, tokenizer_info
 from services.common.metrics import GrammarMetrics
-from services.worker.reasoning_gate import ReasoningGate
+from services.worker.sampling.reasoning_gate import ReasoningGate
 
 log = structlog.get_logger(__name__)
 

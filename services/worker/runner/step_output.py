@@ -7,9 +7,14 @@ import torch
 
 from services.common import wire_pb
 from services.common.packing import (
-    pack_float32, pack_int32, pack_strings, unpack_int32, unpack_strings)
-from services.worker.sampler import SamplerOutput, gather_logprobs
-from services.worker.step_batch import StepBatch
+    pack_float32,
+    pack_int32,
+    pack_strings,
+    unpack_int32,
+    unpack_strings,
+)
+from services.worker.runner.step_batch import StepBatch
+from services.worker.sampling.sampler import SamplerOutput, gather_logprobs
 
 
 def add_rejections(out: wire_pb.StepOutput, rejections: dict[int, str]) -> None:

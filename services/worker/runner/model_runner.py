@@ -20,12 +20,8 @@ from services.common import wire_pb
 from services.common.metrics import EncoderCacheMetrics, GrammarMetrics
 from services.common.packing import unpack_int32
 from services.common.startup import StartupPhases
-from services.worker.config import RunnerConfig, RunnerInfo
-from services.worker.cpu_runtime import configure_cpu_runtime
-from services.worker.cuda_graphs import CudaGraphRunner
-from services.worker.input_batch import InputBatch
 from services.worker.kv.connector import WorkerKVConnector, kv_fingerprint
-from services.worker.kv_cache import (
+from services.worker.kv.kv_cache import (
     accelerator_kv_budget,
     allocate_kv_caches,
     available_cpu_memory,
@@ -34,7 +30,15 @@ from services.worker.kv_cache import (
     num_blocks_for_budget,
 )
 from services.worker.lora import RunnerLora, enable_lora
-from services.worker.model_loader import (
+from services.worker.models.config import ModelConfig
+from services.worker.models.llama import LlamaForCausalLM
+from services.worker.multimodal import RunnerMultiModal, enable_multimodal
+from services.worker.parallel.ranks import TensorParallelModel, TensorParallelRanks, pin_rank_cores
+from services.worker.runner.config import RunnerConfig, RunnerInfo
+from services.worker.runner.cpu_runtime import configure_cpu_runtime
+from services.worker.runner.cuda_graphs import CudaGraphRunner
+from services.worker.runner.input_batch import InputBatch
+from services.worker.runner.model_loader import (
     attention_backend,
     kv_cache_spec,
     load_model,
@@ -43,19 +47,15 @@ from services.worker.model_loader import (
     uses_int8_smoothing,
     weight_source,
 )
-from services.worker.models.config import ModelConfig
-from services.worker.models.llama import LlamaForCausalLM
-from services.worker.multimodal import RunnerMultiModal, enable_multimodal
-from services.worker.parallel.ranks import TensorParallelModel, TensorParallelRanks, pin_rank_cores
-from services.worker.sampler import Sampler
-from services.worker.sampling_metadata import build_sampling_metadata
+from services.worker.runner.step_batch import StepBatch, dummy_step_batch, prepare_step_batch
+from services.worker.runner.step_output import build_step_output
+from services.worker.runner.warm_up import warm_up
+from services.worker.sampling.sampler import Sampler
+from services.worker.sampling.sampling_metadata import build_sampling_metadata
+from services.worker.sampling.structured_outputs import StructuredOutputs, load_tokenizer_info
 from services.worker.spec_decode.draft_model_proposer import draft_kv_bytes_per_block
 from services.worker.spec_decode.speculator import Speculator
 from services.worker.spec_decode.verifier import DraftVerifier
-from services.worker.step_batch import StepBatch, dummy_step_batch, prepare_step_batch
-from services.worker.step_output import build_step_output
-from services.worker.structured_outputs import StructuredOutputs, load_tokenizer_info
-from services.worker.warm_up import warm_up
 
 log = structlog.get_logger(__name__)
 

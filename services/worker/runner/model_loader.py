@@ -11,8 +11,7 @@ import torch
 
 from services.worker.attention import get_attention_backend_cls
 from services.worker.attention.backend import AttentionBackend
-from services.worker.config import RunnerConfig
-from services.worker.kv_cache import KVCacheSpec, kv_cache_dtype
+from services.worker.kv.kv_cache import KVCacheSpec, kv_cache_dtype
 from services.worker.models.checkpoint_quant import read_checkpoint_quant
 from services.worker.models.config import ModelConfig
 from services.worker.models.llama import LlamaForCausalLM
@@ -20,6 +19,7 @@ from services.worker.models.quantized import BlockSource
 from services.worker.models.registry import model_class
 from services.worker.models.smoothing import SmoothedWeights
 from services.worker.models.weights import WeightSource
+from services.worker.runner.config import RunnerConfig
 
 log = structlog.get_logger(__name__)
 

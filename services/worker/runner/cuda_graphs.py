@@ -18,7 +18,7 @@ import torch
 
 from services.worker.attention.backend import AttentionBackend, CommonAttentionMetadata
 from services.worker.models.llama import LlamaForCausalLM
-from services.worker.step_batch import StepBatch
+from services.worker.runner.step_batch import StepBatch
 
 log = structlog.get_logger(__name__)
 

@@ -18,7 +18,7 @@ from services.common.kv_index import KVIndex
 from services.common.metrics import EngineMetrics
 from services.common.packing import pack_int32
 from services.common.subjects import Subjects
-from services.scheduler.core.kv_connector import (
+from services.scheduler.core.kv_connector.connector import (
     KVRole,
     LoadFailurePolicy,
     SaveMode,
