@@ -8,12 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from services.scheduler.core import Request, RunnerOutput, Scheduler, SchedulerConfig
-from services.scheduler.core.kv_connector.connector import (
+from services.scheduler.core.kv_connector.connector import SchedulerKVConnector
+from services.scheduler.core.kv_connector.metadata import (
     KVConnectorOutput,
     KVRole,
     LoadFailurePolicy,
     SaveMode,
-    SchedulerKVConnector,
 )
 from services.scheduler.core.request import RequestStatus
 from tests.scheduler.fakes import (

@@ -10,21 +10,20 @@ from services.scheduler.core.config import SchedulerConfig
 from services.scheduler.core.errors import AdmissionRejected, RequestTooLong
 from services.scheduler.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from services.scheduler.core.kv_events import (
-                                               AllBlocksCleared,
-                                               BlockRemoved,
-                                               BlockStored,
-                                               KVCacheEvent,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVCacheEvent,
 )
 from services.scheduler.core.output import (
-                                               CachedRequestData,
-                                               EngineCoreOutput,
-                                               FinishReason,
-                                               NewRequestData,
-                                               RunnerOutput,
-                                               SchedulerOutput,
-                                               SchedulerStats,
+    CachedRequestData,
+    EngineCoreOutput,
+    NewRequestData,
+    RunnerOutput,
+    SchedulerOutput,
+    SchedulerStats,
 )
-from services.scheduler.core.request import Request, RequestStatus
+from services.scheduler.core.request import FinishReason, Request, RequestStatus
 from services.scheduler.core.scheduler import Scheduler
 
 __all__ = [

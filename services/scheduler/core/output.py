@@ -8,37 +8,23 @@ travels, column-wise, in `CachedRequestData`. The service packs these into the w
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING
+
+from services.scheduler.core.request import (
+    FinishReason,
+    LoraPayload,
+    MultiModalPayload,
+    Request,
+    SamplingPayload,
+)
 
 if TYPE_CHECKING:
-    from services.scheduler.core.kv_connector.connector import (
+    from services.scheduler.core.kv_connector.metadata import (
         KVConnectorMetadata,
         KVConnectorOutput,
     )
-    from services.scheduler.core.request import Request
     from services.scheduler.core.spec_decode import SpecDecodingStats
-
-# NOTE: the worker's sampling parameters (the service stores the wire's SamplingParams; the
-# step codec sends it on). The core never reads it, so it stays opaque: `object` names no
-# wire type and lets no core code read its fields unnoticed, and no per-request conversion
-# copies fields the core would never use.
-SamplingPayload: TypeAlias = object
-LoraPayload: TypeAlias = object   # the wire's LoraRequest, carried to the worker the same way
-MultiModalPayload: TypeAlias = object   # the wire's MultiModalItems, the same way
-
-
-class FinishReason(enum.IntEnum):
-    """Why a request ended; the service maps it onto the wire enum (values match it)."""
-
-    STOP = 1      # EOS or a stop token id
-    LENGTH = 2    # max_tokens or max_model_len
-    ABORT = 3     # client gone, stop string, deadline, admin
-    ERROR = 4     # the engine failed the request
-
-    def __str__(self) -> str:
-        return self.name.lower()
 
 
 @dataclass(slots=True)

@@ -8,10 +8,30 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Collection, Sequence
+from typing import TypeAlias
 
 from services.common.block_hash import BlockHash, BlockHasher, MultiModalSpan
-from services.scheduler.core.output import (FinishReason, LoraPayload, MultiModalPayload,
-                                            SamplingPayload)
+
+# NOTE: the worker's sampling parameters (the service stores the wire's SamplingParams; the
+# step codec sends it on). The core never reads it, so it stays opaque: `object` names no
+# wire type and lets no core code read its fields unnoticed, and no per-request conversion
+# copies fields the core would never use.
+SamplingPayload: TypeAlias = object
+LoraPayload: TypeAlias = object   # the wire's LoraRequest, carried to the worker the same way
+MultiModalPayload: TypeAlias = object   # the wire's MultiModalItems, the same way
+
+
+class FinishReason(enum.IntEnum):
+    """Why a request ended; the service hands it on as the wire enum of the same value
+    (tests/scheduler/test_finish_reason.py keeps the two equal)."""
+
+    STOP = 1      # EOS or a stop token id
+    LENGTH = 2    # max_tokens or max_model_len
+    ABORT = 3     # client gone, stop string, deadline, admin
+    ERROR = 4     # the engine failed the request
+
+    def __str__(self) -> str:
+        return self.name.lower()
 
 
 class RequestStatus(enum.IntEnum):

@@ -15,9 +15,9 @@ from services.common.block_hash import BlockHasher
 from services.scheduler.core.admission import check_admission, check_fits
 from services.scheduler.core.config import SchedulerConfig
 from services.scheduler.core.errors import RequestTooLong
-from services.scheduler.core.kv_cache_manager import KVCacheManager
+from services.scheduler.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from services.scheduler.core.kv_connector.connector import SchedulerKVConnector
-from services.scheduler.core.kv_connector.loading import LOADING, KVLoading
+from services.scheduler.core.kv_connector.loading import LOADING, PrefixLoader
 from services.scheduler.core.kv_events import KVCacheEvent
 from services.scheduler.core.lora_slots import LoraSlots
 from services.scheduler.core.output import (
@@ -47,15 +47,17 @@ RUNNING = RequestStatus.RUNNING
 NUM_WAITING_PREFIXES_KEPT = 8
 
 
-class Scheduler(KVLoading):
+class Scheduler:
     def __init__(self, config: SchedulerConfig, clock: Callable[[], float] = time.monotonic,
                  num_gpu_blocks: int | None = None,
                  kv_connector: SchedulerKVConnector | None = None) -> None:
         self.config = config
         self.clock = clock
         self.kv_connector = kv_connector
-        """Loads prefixes from / saves blocks to the kvstore (kv_connector.py); None: off."""
+        """Loads prefixes from / saves blocks to the kvstore (kv_connector/); None: off."""
         self.block_size = config.block_size
+        self._prefix_loader = (PrefixLoader(kv_connector, config.block_size)
+                               if kv_connector is not None else None)
         self.max_model_len = config.max_model_len
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
@@ -113,6 +115,16 @@ class Scheduler(KVLoading):
         self.waiting.add_request(request)
         self._num_waiting_tokens += request.num_tokens
         self.kv_cache_manager.keep_prefix(request)
+
+    def _get_computed_tokens(self, request: Request) -> tuple[KVCacheBlocks | None, int, int]:
+        """Local prefix-cache hits (blocks, tokens), then the tokens the kvstore holds beyond
+        them. A request whose KV was loaded already holds its blocks: nothing to look up."""
+        if request.num_computed_tokens:
+            return None, request.num_computed_tokens, 0
+        blocks, num_tokens = self.kv_cache_manager.get_computed_blocks(request)
+        if self._prefix_loader is None:
+            return blocks, num_tokens, 0
+        return blocks, num_tokens, self._prefix_loader.num_external_tokens(request, num_tokens)
 
     def _check_fits(self, request: Request) -> None:
         check_fits(request, self.max_model_len, self.block_size,
@@ -262,7 +274,9 @@ class Scheduler(KVLoading):
         if self.kv_connector is not None and request.first_scheduled_time is None:
             self.kv_connector.prefix_reused(request, num_computed_tokens)
         if num_external_tokens:
-            self._start_loading(request, num_computed_tokens)
+            assert self._prefix_loader is not None
+            self._prefix_loader.start(kv_cache_manager, request, num_computed_tokens,
+                                      self.clock())
             return True
         self._num_waiting_tokens -= request.num_tokens
         self.running.append(request)
@@ -407,6 +421,18 @@ class Scheduler(KVLoading):
             self.running = [r for r in self.running if r.status is RUNNING]
         return outputs
 
+    def _finish_loads(self, now: float) -> list[EngineCoreOutput]:
+        """Requests whose load ended go back to the front of the queue, or end (failed)."""
+        assert self._prefix_loader is not None
+        outputs = []
+        for request, failed in self._prefix_loader.finish(self.kv_cache_manager, now):
+            if failed:
+                self._num_waiting_tokens -= request.num_tokens
+                outputs.append(self._finish(request, RequestStatus.FINISHED_ERROR, now, []))
+            else:
+                self.waiting.prepend_request(request)
+        return outputs
+
     def _finish(self, request: Request, status: RequestStatus, now: float,
                 new_token_ids: list[int]) -> EngineCoreOutput:
         """Ends a request (the caller takes it out of `running` or `waiting`)."""
@@ -475,8 +501,10 @@ class Scheduler(KVLoading):
         request is preempted by recompute and waits, with its tokens so far, to be sent to
         the worker again as a new request. The prefix cache is dropped with the KV it named.
         Returns the preempted requests."""
-        if self.kv_connector is not None:
-            self._drop_loaded_kv()
+        if self._prefix_loader is not None:
+            for request in self._prefix_loader.drop_loaded(self.kv_cache_manager,
+                                                           self.requests.values()):
+                self.waiting.prepend_request(request)
         preempted = sorted(self.running, key=self._sort_key, reverse=True)
         for request in preempted:      # latest first: each goes to the front of the queue
             self.kv_cache_manager.free(request)

@@ -7,7 +7,7 @@ from itertools import chain
 
 from services.common import wire_pb
 from services.common.packing import pack_int32, pack_strings, pack_uint8, unpack_int32, unpack_uint8
-from services.scheduler.core.kv_connector.connector import KVConnectorMetadata, KVConnectorOutput
+from services.scheduler.core.kv_connector.metadata import KVConnectorMetadata, KVConnectorOutput
 
 
 def encode_kv_connector_metadata(meta: KVConnectorMetadata, step: wire_pb.StepInput) -> None:

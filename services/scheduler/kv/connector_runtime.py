@@ -18,12 +18,8 @@ from services.common.kv_index import KVIndex
 from services.common.metrics import EngineMetrics
 from services.common.packing import pack_int32
 from services.common.subjects import Subjects
-from services.scheduler.core.kv_connector.connector import (
-    KVRole,
-    LoadFailurePolicy,
-    SaveMode,
-    SchedulerKVConnector,
-)
+from services.scheduler.core.kv_connector.connector import SchedulerKVConnector
+from services.scheduler.core.kv_connector.metadata import KVRole, LoadFailurePolicy, SaveMode
 from services.scheduler.core.kv_events import (
     AllBlocksCleared,
     BlockRemoved,

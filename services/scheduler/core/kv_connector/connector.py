@@ -21,9 +21,17 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from enum import Enum
+from dataclasses import dataclass
 
+from services.scheduler.core.kv_connector.metadata import (
+    KVConnectorMetadata,
+    KVConnectorOutput,
+    KVLoad,
+    KVRole,
+    KVSave,
+    LoadFailurePolicy,
+    SaveMode,
+)
 from services.scheduler.core.output import EngineCoreOutput
 from services.scheduler.core.request import Request
 
@@ -31,59 +39,6 @@ _INT32_MAX = 2**31 - 1
 # Hashes of blocks this engine saved or loaded, so a prefix reused again is not saved again
 # (a bound: the store forgets blocks too; one that falls out is at worst saved twice).
 _MAX_KNOWN_STORED = 1 << 16
-
-
-class KVRole(str, Enum):
-    BOTH = "both"            # loads and saves
-    PRODUCER = "producer"    # prefill engine: saves (and may load shared prefixes)
-    CONSUMER = "consumer"    # decode engine: loads, never saves
-
-
-class LoadFailurePolicy(str, Enum):
-    RECOMPUTE = "recompute"  # keep the blocks that arrived intact, compute the rest
-    FAIL = "fail"            # finish the request with an error
-
-
-class SaveMode(str, Enum):
-    ON_REUSE = "on_reuse"             # cached blocks, when a later request first hits them
-    WRITE_THROUGH = "write_through"   # every full prompt block, as soon as it is computed
-    ON_EVICT = "on_evict"             # cached blocks, when the pool reuses them
-
-
-@dataclass(slots=True)
-class KVLoad:
-    handle: int
-    block_ids: list[int]
-    block_hashes: list[bytes]
-    nodes: list[str]             # per block: the kvstore address that holds it
-
-
-@dataclass(slots=True)
-class KVSave:
-    save_id: int
-    block_ids: list[int]
-    block_hashes: list[bytes]
-    node: str
-    before_forward: bool         # evicted blocks: copied out before this step overwrites them
-
-
-@dataclass(slots=True)
-class KVConnectorMetadata:
-    """This step's transfers, for the worker (encoded into StepInput by step_codec)."""
-
-    loads: list[KVLoad] = field(default_factory=list)
-    saves: list[KVSave] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.loads or self.saves)
-
-
-@dataclass(slots=True)
-class KVConnectorOutput:
-    """What the worker reported in one StepOutput."""
-
-    loaded: list[tuple[int, int, bool]] = field(default_factory=list)  # handle, blocks, failed
-    saved: list[tuple[int, bool]] = field(default_factory=list)        # save id, ok
 
 
 @dataclass(slots=True)

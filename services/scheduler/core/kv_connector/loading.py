@@ -1,87 +1,78 @@
-"""The scheduler's side of prefixes loaded from the kvstore: which prompt tokens are cached
-locally or remotely, a request waiting while the worker loads its blocks, and what becomes
-of it when the load ends or the worker loses its KV."""
+"""The scheduler's side of prefixes loaded from the kvstore: a request waiting while the
+worker loads its blocks, and what becomes of it when the load ends or the worker loses its KV.
+
+Owned by the Scheduler when the KV connector is on. The scheduler keeps its queues and
+counts: these methods change the requests they are given and say which of them go back to
+the waiting queue (or fail), never touching the scheduler's state themselves.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Iterable
 
-from services.scheduler.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
+from services.scheduler.core.kv_cache_manager import KVCacheManager
 from services.scheduler.core.kv_connector.connector import SchedulerKVConnector
-from services.scheduler.core.output import EngineCoreOutput
 from services.scheduler.core.request import Request, RequestStatus
-from services.scheduler.core.request_queue import RequestQueue
 
 LOADING = RequestStatus.WAITING_FOR_REMOTE_KVS
 
 
-class KVLoading:
-    """Mixed into Scheduler (scheduler.py), whose state these methods share."""
+class PrefixLoader:
+    def __init__(self, connector: SchedulerKVConnector, block_size: int) -> None:
+        self.connector = connector
+        self.block_size = block_size
 
-    kv_connector: SchedulerKVConnector | None
-    kv_cache_manager: KVCacheManager
-    block_size: int
-    clock: Callable[[], float]
-    waiting: RequestQueue
-    requests: dict[str, Request]
-    _num_waiting_tokens: int
-    _finish: Callable[..., EngineCoreOutput]
+    def num_external_tokens(self, request: Request, num_local_tokens: int) -> int:
+        """Prompt tokens the kvstore holds beyond the `num_local_tokens` cached here."""
+        return self.connector.get_num_new_matched_tokens(request, num_local_tokens)
 
-    def _get_computed_tokens(self, request: Request) -> tuple[KVCacheBlocks | None, int, int]:
-        """Local prefix-cache hits (blocks, tokens), then the tokens the kvstore holds beyond
-        them. A request whose KV was loaded already holds its blocks: nothing to look up."""
-        if request.num_computed_tokens:
-            return None, request.num_computed_tokens, 0
-        blocks, num_tokens = self.kv_cache_manager.get_computed_blocks(request)
-        if self.kv_connector is None:
-            return blocks, num_tokens, 0
-        return blocks, num_tokens, self.kv_connector.get_num_new_matched_tokens(request,
-                                                                                num_tokens)
-
-    def _start_loading(self, request: Request, num_local_tokens: int) -> None:
+    def start(self, kv_cache_manager: KVCacheManager, request: Request, num_local_tokens: int,
+              now: float) -> None:
         """The request waits (still counted as waiting) while the worker loads its blocks
-        after the local hits; `_finish_loads` puts it back in the queue."""
-        assert self.kv_connector is not None
+        after the local hits; `finish` hands it back."""
         request.status = LOADING
         request.num_computed_tokens = num_local_tokens
         if request.first_scheduled_time is None:
-            request.first_scheduled_time = self.clock()
-        block_ids = self.kv_cache_manager.get_block_ids(request.request_id)
-        self.kv_connector.start_load(request, num_local_tokens,
-                                     block_ids[num_local_tokens // self.block_size:],
-                                     self.clock())
+            request.first_scheduled_time = now
+        block_ids = kv_cache_manager.get_block_ids(request.request_id)
+        self.connector.start_load(request, num_local_tokens,
+                                  block_ids[num_local_tokens // self.block_size:], now)
 
-    def _finish_loads(self, now: float) -> list[EngineCoreOutput]:
-        """Requests whose load ended go back to the queue holding their blocks: computed up
-        to the blocks that arrived intact (the rest is recomputed), or failed, per policy."""
-        assert self.kv_connector is not None
-        outputs = []
-        for request, num_local, num_loaded, failed in self.kv_connector.take_load_results(now):
-            if failed and self.kv_connector.fails_requests_on_load_failure:
+    def finish(self, kv_cache_manager: KVCacheManager, now: float
+               ) -> list[tuple[Request, bool]]:
+        """Requests whose load ended, in order, each with whether it failed. One that did not
+        fail is WAITING again, holding its blocks: computed up to the blocks that arrived
+        intact (the rest is recomputed). One that failed, under the fail policy, carries its
+        error; the caller ends it."""
+        ended = []
+        for request, num_local, num_loaded, failed in self.connector.take_load_results(now):
+            if failed and self.connector.fails_requests_on_load_failure:
                 request.error = "loading the prompt's KV cache from the kvstore failed"
-                self._num_waiting_tokens -= request.num_tokens
-                outputs.append(self._finish(request, RequestStatus.FINISHED_ERROR, now, []))
+                ended.append((request, True))
                 continue
             request.num_computed_tokens = num_local + num_loaded
             request.num_cached_tokens = request.num_computed_tokens
             if request.num_computed_tokens:
-                self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
+                kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
             else:
-                self.kv_cache_manager.free(request)   # nothing usable: start afresh
+                kv_cache_manager.free(request)   # nothing usable: start afresh
             request.status = RequestStatus.WAITING
-            self.waiting.prepend_request(request)
-        return outputs
+            ended.append((request, False))
+        return ended
 
-    def _drop_loaded_kv(self) -> None:
-        """The worker lost its KV: loads in flight and KV loaded for waiting requests are gone,
-        so those requests start afresh."""
-        assert self.kv_connector is not None
-        for request in self.requests.values():
+    def drop_loaded(self, kv_cache_manager: KVCacheManager, requests: Iterable[Request]
+                    ) -> list[Request]:
+        """The worker lost its KV: loads in flight and KV loaded for waiting requests are
+        gone, so those requests start afresh. Returns the ones that were loading, WAITING
+        again, for the caller to queue."""
+        requeued = []
+        for request in requests:
             if request.status is LOADING or (request.status is RequestStatus.WAITING
                                              and request.num_computed_tokens):
-                self.kv_connector.request_finished(request)
-                self.kv_cache_manager.free(request)
+                self.connector.request_finished(request)
+                kv_cache_manager.free(request)
                 request.num_computed_tokens = 0
                 if request.status is LOADING:
                     request.status = RequestStatus.WAITING
-                    self.waiting.prepend_request(request)
+                    requeued.append(request)
+        return requeued
