@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from services.common.metrics import GatewayMetrics
 from services.frontend.engine_client.mesh_client import MeshClient
 from services.frontend.engine_client.mesh_view import MeshView
-from services.frontend.engine_client.request_run import GenerationRun, new_request_id
+from services.frontend.engine_client.request_run import RequestRun, new_request_id
 from services.frontend.engine_client.request_stats import RequestTimer
 from services.frontend.openai.lora_registry import LoraRegistry
 from services.frontend.router.engine_router import EngineRouter
@@ -26,8 +26,8 @@ class FrontendContext:
     def __post_init__(self) -> None:
         self.loras = LoraRegistry.from_specs(self.settings.lora_modules)
 
-    def new_run(self, id_prefix: str, model: str) -> GenerationRun:
+    def new_run(self, id_prefix: str, model: str) -> RequestRun:
         request_id = new_request_id(id_prefix)
-        return GenerationRun(self.client, self.view, request_id, self.settings.request_timeout_s,
+        return RequestRun(self.client, self.view, request_id, self.settings.request_timeout_s,
                              RequestTimer(self.metrics, model, request_id), router=self.router,
                              engine_wait_s=self.settings.engine_wait_s, loras=self.loras)

@@ -34,7 +34,7 @@ from services.frontend.batch_jobs.records import (
 )
 from services.frontend.context import FrontendContext
 from services.frontend.errors import ApiError, invalid
-from services.frontend.openai.choice_state import list_page
+from services.frontend.openai.http_response import list_page
 from services.frontend.tenancy.auth import owner_of
 from services.gateway.body import parse_body
 from services.gateway.storage_plane import StoragePlane

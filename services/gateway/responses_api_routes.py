@@ -25,7 +25,7 @@ from nats.aio.msg import Msg
 from services.common.subjects import Subjects
 from services.frontend.context import FrontendContext
 from services.frontend.errors import ApiError, invalid
-from services.frontend.openai.choice_state import SSE_KEEPALIVE, list_page, until_disconnect
+from services.frontend.openai.http_response import SSE_KEEPALIVE, list_page, until_disconnect
 from services.frontend.openai.responses_api.items import input_messages
 from services.frontend.openai.responses_api.protocol import ResponsesRequest
 from services.frontend.openai.responses_api.response_output import Event

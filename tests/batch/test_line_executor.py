@@ -17,7 +17,7 @@ from services.common import wire
 from services.common.metrics import GatewayMetrics
 from services.common.packing import pack_int32
 from services.frontend.context import FrontendContext
-from services.frontend.engine_client.mesh_client import Generation, TextDelta
+from services.frontend.engine_client.generation import Generation, TextDelta
 from services.frontend.engine_client.mesh_view import EngineView, MeshView
 from services.frontend.errors import unavailable
 from services.frontend.tenancy.auth import ApiKeys

@@ -9,13 +9,13 @@ import asyncio
 import pytest
 
 from services.frontend.engine_client.mesh_view import MeshView
-from services.frontend.engine_client.request_run import GenerationRun
+from services.frontend.engine_client.request_run import RequestRun
 from services.frontend.errors import ApiError
 from tests.frontend.test_mesh_view import beat
 
 
-def run_on(view: MeshView, engine_wait_s: float) -> GenerationRun:
-    return GenerationRun(client=None, view=view, request_id="r-1",  # type: ignore[arg-type]
+def run_on(view: MeshView, engine_wait_s: float) -> RequestRun:
+    return RequestRun(client=None, view=view, request_id="r-1",  # type: ignore[arg-type]
                          request_timeout_s=60.0, timer=None,  # type: ignore[arg-type]
                          engine_wait_s=engine_wait_s)
 

@@ -8,7 +8,7 @@ import pytest
 
 from services.common import wire
 from services.frontend.engine_client.mesh_view import EngineView
-from services.frontend.engine_client.request_run import GenerationRun
+from services.frontend.engine_client.request_run import RequestRun
 from services.frontend.errors import ApiError
 from services.frontend.openai.lora_registry import LoraModule, LoraRegistry, parse_lora_module
 
@@ -56,7 +56,7 @@ def _engine(engine_id: str, max_loras: int, lora_ids: set[int] = frozenset(),
 
 
 def test_a_request_prefers_engines_holding_its_adapter_while_they_have_room() -> None:
-    run = GenerationRun(None, None, "r", 60.0, None)   # type: ignore[arg-type]
+    run = RequestRun(None, None, "r", 60.0, None)   # type: ignore[arg-type]
     plain, cold, holder = _engine("plain", 0), _engine("cold", 2), _engine("holder", 2, {5})
     assert run._with_lora([plain, cold]) == [plain, cold]        # no adapter: all
     run.lora = wire.LoraRequest(lora_id=5, name="a", path="/a")

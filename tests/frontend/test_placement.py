@@ -8,7 +8,8 @@ import asyncio
 
 from services.common import wire
 from services.common.subjects import Subjects
-from services.frontend.engine_client.mesh_client import MeshClient, TextDelta
+from services.frontend.engine_client.generation import TextDelta
+from services.frontend.engine_client.mesh_client import MeshClient
 from services.frontend.engine_client.mesh_view import MeshView
 
 

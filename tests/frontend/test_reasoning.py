@@ -16,7 +16,7 @@ from services.common.model_files import resolve_model
 from services.common.packing import unpack_int32
 from services.frontend.context import FrontendContext
 from services.frontend.engine_client.mesh_view import MeshView
-from services.frontend.engine_client.request_run import GenerationPlan
+from services.frontend.engine_client.request_run import RequestPlan
 from services.frontend.openai.protocol import ChatCompletionRequest
 from services.frontend.openai.reasoning import ReasoningDelta, get_reasoning_parser
 from services.frontend.openai.serving_chat import ChatCompletion
@@ -92,7 +92,7 @@ CONSTRAINED = {
 }
 
 
-def chat_plan(reasoning_parser: str, **fields: Any) -> GenerationPlan:
+def chat_plan(reasoning_parser: str, **fields: Any) -> RequestPlan:
     ctx = FrontendContext(FrontendSettings(reasoning_parser=reasoning_parser),
                           SimpleNamespace(gateway_id="g"),  # type: ignore[arg-type]
                           MeshView(60.0), GatewayMetrics(CollectorRegistry()))

@@ -12,7 +12,8 @@ from services.common import wire
 from services.common.metrics import GatewayMetrics
 from services.common.subjects import Subjects
 from services.frontend.context import FrontendContext
-from services.frontend.engine_client.mesh_client import Generation, MeshClient, TextDelta
+from services.frontend.engine_client.generation import Generation, TextDelta
+from services.frontend.engine_client.mesh_client import MeshClient
 from services.frontend.engine_client.mesh_view import MeshView
 from services.frontend.openai.protocol import CompletionRequest
 from services.frontend.openai.serving_completion import Completion

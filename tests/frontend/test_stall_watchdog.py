@@ -12,7 +12,8 @@ from prometheus_client import CollectorRegistry
 from services.common import wire
 from services.common.metrics import GatewayMetrics
 from services.common.subjects import Subjects
-from services.frontend.engine_client.mesh_client import Generation, MeshClient, TextDelta
+from services.frontend.engine_client.generation import Generation, TextDelta
+from services.frontend.engine_client.mesh_client import MeshClient
 from services.frontend.engine_client.mesh_view import EngineView, MeshView
 from services.frontend.engine_client.migration import Migrator
 from tests.frontend.test_mesh_view import Clock

@@ -13,7 +13,8 @@ import numpy as np
 
 from services.common import wire
 from services.common.subjects import Subjects
-from services.frontend.engine_client.mesh_client import Generation, MeshClient, queue_move_target
+from services.frontend.engine_client.generation import Generation
+from services.frontend.engine_client.mesh_client import MeshClient, queue_move_target
 from services.frontend.engine_client.mesh_view import EngineView, MeshView
 from tests.frontend.test_stall_watchdog import FakeBus
 from tests.router.test_engine_router import engine, router, tokens

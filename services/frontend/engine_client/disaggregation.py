@@ -15,7 +15,8 @@ import asyncio
 import structlog
 
 from services.common import wire
-from services.frontend.engine_client.mesh_client import Generation, MeshClient, TextDelta
+from services.frontend.engine_client.generation import Generation, TextDelta
+from services.frontend.engine_client.mesh_client import MeshClient
 from services.frontend.engine_client.mesh_view import EngineView
 from services.frontend.errors import ApiError
 

@@ -8,7 +8,6 @@ import asyncio
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import structlog
 
@@ -18,47 +17,13 @@ from services.common.metrics import GatewayMetrics
 from services.common.packing import unpack_int32, unpack_strings, unpack_uint8
 from services.common.subjects import Subjects
 from services.common.tasks import BackgroundTasks
+from services.frontend.engine_client.generation import Generation, TextDelta, is_movable
 from services.frontend.engine_client.mesh_view import EngineView, Instance, MeshView
-from services.frontend.engine_client.migration import Migrator, is_movable
+from services.frontend.engine_client.migration import Migrator
 from services.frontend.errors import ApiError, unavailable
 
 log = structlog.get_logger(__name__)
 _SETTLE_AFTER_RECONNECT_S = 1.0
-
-
-@dataclass
-class TextDelta:
-    """One step's output for one request (one choice)."""
-    index: int                                   # choice index within its HTTP request
-    text: str
-    num_new_tokens: int
-    finish: wire.FinishInfo | None = None
-    logprobs: list[wire.TokenLogprobs] = field(default_factory=list)
-
-
-@dataclass
-class Generation:
-    """A request (one choice) running in the mesh, as this gateway tracks it."""
-    request_id: str
-    index: int
-    engine_id: str
-    scheduler_id: str                           # the scheduler instance holding its state
-    tokenizer_id: str
-    queue: asyncio.Queue[TextDelta]             # shared by the choices of one HTTP request
-    finished: bool = False
-    # What a move to another engine or tokenizer needs (migration.py).
-    request: wire.GenerateRequest | None = None  # as first submitted: prompt, sampling
-    detokenize: wire.DetokenizeParams | None = None
-    model: str = ""
-    output_token_ids: list[int] = field(default_factory=list)  # streamed so far
-    num_chars: int = 0                          # characters of text received so far
-    num_moves: int = 0
-    moving: bool = False
-    queue_moved: bool = False                   # moved once for queueing: never again
-    placed_at: float = field(default_factory=time.monotonic)
-    last_output_at: float = field(default_factory=time.monotonic)  # or placed, if later
-    deadline_at: float | None = None            # monotonic: when the request must have ended
-    placed_reconnects: dict[str, int] = field(default_factory=dict)  # instance -> its count
 
 
 # (candidate engines, a request) -> engine id -> leading prompt tokens it holds

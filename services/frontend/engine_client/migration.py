@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, TypeVar
+from typing import Protocol, TypeVar
 
 import betterproto
 import structlog
@@ -28,11 +28,9 @@ from services.common import wire
 from services.common.bus import BusError
 from services.common.metrics import GatewayMetrics
 from services.common.packing import pack_int32
-from services.frontend.engine_client.mesh_view import MeshView
+from services.frontend.engine_client.generation import Generation, is_movable
+from services.frontend.engine_client.mesh_view import EngineView, MeshView
 from services.frontend.errors import ApiError, unavailable
-
-if TYPE_CHECKING:
-    from services.frontend.engine_client.mesh_client import Generation, MeshClient
 
 log = structlog.get_logger(__name__)
 
@@ -40,8 +38,25 @@ RETRY_INTERVAL_S = 0.25
 M = TypeVar("M", bound=betterproto.Message)
 
 
+class PlacementClient(Protocol):
+    """What a move asks of the mesh client (mesh_client.MeshClient, which owns a Migrator)."""
+
+    async def detach(self, generation: Generation) -> None: ...
+
+    async def encode(self, request: wire.EncodeRequest) -> wire.EncodeReply: ...
+
+    async def place(self, generation: Generation, engine: EngineView,
+                    request: wire.GenerateRequest) -> None: ...
+
+    async def release(self, tokenizer_id: str, request_ids: list[str]) -> None: ...
+
+    def end(self, generation: Generation, finish: wire.FinishInfo) -> None: ...
+
+    def finish_with_error(self, generation: Generation, message: str) -> None: ...
+
+
 class Migrator:
-    def __init__(self, client: MeshClient, view: MeshView, timeout_s: float,
+    def __init__(self, client: PlacementClient, view: MeshView, timeout_s: float,
                  metrics: GatewayMetrics | None) -> None:
         self._client = client
         self._view = view
@@ -161,12 +176,6 @@ class Migrator:
     def _count(self, outcome: str) -> None:
         if self._metrics is not None:
             self._metrics.request_migrations.labels(outcome).inc()
-
-
-def is_movable(generation: Generation) -> bool:
-    request = generation.request
-    return (request is not None and generation.detokenize is not None
-            and request.sampling.prompt_logprobs is None)
 
 
 def base_request_id(request_id: str) -> str:

@@ -1,5 +1,6 @@
-"""One HTTP request's generations: pick an engine, encode each prompt, check the context
-length, submit every choice, then hand out their text deltas until all have finished.
+"""One HTTP request's run through the mesh (RequestRun), from what its handler asks
+(RequestPlan): pick an engine, encode each prompt, check the context length, submit every
+choice (a Generation each), then hand out their text deltas until all have finished.
 Whatever way the HTTP request ends, `close()` aborts the choices still running."""
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from services.frontend.engine_client.disaggregation import (
     prefill_remotely,
     prefill_request_id,
 )
-from services.frontend.engine_client.mesh_client import Generation, MeshClient, TextDelta
+from services.frontend.engine_client.generation import Generation, TextDelta
+from services.frontend.engine_client.mesh_client import MeshClient
 from services.frontend.engine_client.mesh_view import EngineView, MeshView, least_loaded
 from services.frontend.engine_client.request_stats import RequestTimer
 from services.frontend.errors import (
@@ -67,7 +69,8 @@ class EncodedPrompt:
 
 
 @dataclass
-class GenerationPlan:
+class RequestPlan:
+    """What an endpoint's handler asks of the run: the prompts, and how to sample each."""
     model: str
     prompts: list[PromptInput]
     n: int
@@ -88,7 +91,8 @@ def new_request_id(prefix: str) -> str:
 
 
 @dataclass
-class GenerationRun:
+class RequestRun:
+    """One HTTP request's choices in the mesh (vLLM's AsyncLLM.generate for n choices)."""
     client: MeshClient
     view: MeshView
     request_id: str
@@ -112,7 +116,7 @@ class GenerationRun:
     _last_delta_at: float = field(default_factory=time.monotonic)
     _n: int = 1
 
-    async def start(self, plan: GenerationPlan, tenant: Tenant | None = None) -> None:
+    async def start(self, plan: RequestPlan, tenant: Tenant | None = None) -> None:
         """Encodes, routes, checks and submits every choice. A tenant (the API key's) salts
         the prefix cache and pays for prompt + max_tokens from its token bucket (429 if
         empty)."""
@@ -160,7 +164,7 @@ class GenerationRun:
                                       [generation.request_id])]
         self._num_tokens[0] = len(generation.output_token_ids)
 
-    def _route(self, plan: GenerationPlan) -> EngineView:
+    def _route(self, plan: RequestPlan) -> EngineView:
         """The engine for every choice (they share their prompts' blocks): by the router
         from the first prompt's tokens, the least loaded without one."""
         engines = self._candidates(plan.model)
@@ -179,7 +183,7 @@ class GenerationRun:
                 prompt.detokenize.engine_id = engine.engine_id
         return engine
 
-    async def _submit_all(self, plan: GenerationPlan, tenant: Tenant | None) -> None:
+    async def _submit_all(self, plan: RequestPlan, tenant: Tenant | None) -> None:
         try:
             requests = self._generate_requests(plan)
             if tenant is not None:
@@ -272,7 +276,7 @@ class GenerationRun:
                            code="model_not_found")
         raise unavailable("no engine is ready yet; retry shortly", code="engine_unavailable")
 
-    async def _encode(self, plan: GenerationPlan, prompt: PromptInput,
+    async def _encode(self, plan: RequestPlan, prompt: PromptInput,
                       prompt_index: int) -> EncodedPrompt:
         child_ids = [f"{self.request_id}-{prompt_index}-{i}" for i in range(plan.n)]
         # The engine is chosen once the prompt's tokens are known (_route) and named then.
@@ -310,7 +314,7 @@ class GenerationRun:
             return []
         return [prefill_request_id(self.request_id, prompt_index)]
 
-    def _generate_requests(self, plan: GenerationPlan) -> list[wire.GenerateRequest]:
+    def _generate_requests(self, plan: RequestPlan) -> list[wire.GenerateRequest]:
         assert self.engine is not None
         max_len = self.engine.max_model_len
         requests = []

@@ -1,22 +1,16 @@
-"""What completions and chat responses share: choice accumulation, usage, finish reasons,
-SSE framing, and running a handler until the client disconnects."""
+"""What completions and chat responses share about their choices: each choice's output as
+it arrives, its finish reason (and vLLM's stop_reason), an engine error as the API's, and
+the usage of the whole request."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
-
-from fastapi import Request
+from typing import Any
 
 from services.common import wire
-from services.frontend.engine_client.mesh_client import TextDelta
-from services.frontend.engine_client.request_run import GenerationRun
+from services.frontend.engine_client.generation import TextDelta
+from services.frontend.engine_client.request_run import RequestRun
 from services.frontend.errors import ApiError, deadline_exceeded, invalid, unavailable
-
-T = TypeVar("T")
 
 FINISH_REASON_NAMES = {
     wire.FinishReason.STOP: "stop",
@@ -68,52 +62,9 @@ def error_of(delta: TextDelta) -> ApiError | None:
     return None
 
 
-def usage(run: GenerationRun, choices: list[ChoiceState]) -> dict[str, Any]:
+def usage(run: RequestRun, choices: list[ChoiceState]) -> dict[str, Any]:
     completion_tokens = sum(c.num_tokens for c in choices)
     cached = max((c.finish.num_cached_tokens for c in choices if c.finish), default=0)
     return {"prompt_tokens": run.num_prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": run.num_prompt_tokens + completion_tokens,
             "prompt_tokens_details": {"cached_tokens": cached}}
-
-
-def list_page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
-    """One page of an OpenAI list (files, batches, input items): its cursor is an id."""
-    return {"object": "list", "data": data, "has_more": has_more,
-            "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None}
-
-
-def sse(payload: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
-
-
-SSE_DONE = b"data: [DONE]\n\n"
-SSE_KEEPALIVE = b": keep-alive\n\n"
-
-
-class Closable(Protocol):
-    async def close(self) -> None: ...
-
-
-async def until_disconnect(request: Request, work: Awaitable[T], run: Closable) -> T:
-    """Runs `work`; if the client disconnects first, aborts the run and raises."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.create_task(_wait_for_disconnect(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            return task.result()
-        task.cancel()
-        raise ApiError(499, "client disconnected")
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-        await run.close()
-
-
-async def _wait_for_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return

@@ -1,6 +1,7 @@
-"""The life of one generation request (chat or completions), shared by both endpoints:
-start the run, then either collect every choice into one JSON response or stream SSE
-chunks, with usage as `stream_options` asks. A subclass says how its choices look."""
+"""The life of one generation request (chat or completions), shared by both endpoints, as
+vLLM's OpenAIServing: start the run, then either collect every choice into one JSON response
+or stream SSE chunks, with usage as `stream_options` asks. A subclass (serving_chat.py,
+serving_completion.py) says how its choices look."""
 
 from __future__ import annotations
 
@@ -15,18 +16,11 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from services.common.logs import bind_request_id, request_log_context
 from services.frontend.context import FrontendContext
-from services.frontend.engine_client.mesh_client import TextDelta
-from services.frontend.engine_client.request_run import GenerationPlan
+from services.frontend.engine_client.generation import TextDelta
+from services.frontend.engine_client.request_run import RequestPlan
 from services.frontend.errors import invalid
-from services.frontend.openai.choice_state import (
-    SSE_DONE,
-    SSE_KEEPALIVE,
-    ChoiceState,
-    error_of,
-    sse,
-    until_disconnect,
-    usage,
-)
+from services.frontend.openai.choice_state import ChoiceState, error_of, usage
+from services.frontend.openai.http_response import SSE_DONE, SSE_KEEPALIVE, sse, until_disconnect
 from services.frontend.openai.protocol import (
     MAX_SESSION_ID_CHARS,
     ChatCompletionRequest,
@@ -38,7 +32,7 @@ C = TypeVar("C", bound=ChoiceState)
 Body = TypeVar("Body", ChatCompletionRequest, CompletionRequest)
 
 
-class GenerationHandler(ABC, Generic[Body, C]):
+class OpenAIServing(ABC, Generic[Body, C]):
     object_name: ClassVar[str]        # of the whole response
     chunk_object_name: ClassVar[str]  # of a streamed chunk
     id_prefix: ClassVar[str]
@@ -55,7 +49,7 @@ class GenerationHandler(ABC, Generic[Body, C]):
     # ---- what a subclass provides
 
     @abstractmethod
-    def plan(self) -> GenerationPlan:
+    def plan(self) -> RequestPlan:
         """Validates the body into the prompts and parameters to run (400 on bad input)."""
 
     async def prepare(self) -> None:

@@ -11,8 +11,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from services.common import wire
 from services.frontend.context import FrontendContext
-from services.frontend.engine_client.mesh_client import TextDelta
-from services.frontend.engine_client.request_run import GenerationPlan, PromptInput
+from services.frontend.engine_client.generation import TextDelta
+from services.frontend.engine_client.request_run import PromptInput, RequestPlan
 from services.frontend.errors import invalid
 from services.frontend.openai.chat_tools import ChatOutput, ToolPlan, plan_tools
 from services.frontend.openai.choice_state import ChoiceState, finish_reason, stop_reason
@@ -26,7 +26,7 @@ from services.frontend.openai.logprobs import (
 from services.frontend.openai.protocol import ChatCompletionRequest, ChatMessage
 from services.frontend.openai.reasoning import get_reasoning_parser
 from services.frontend.openai.sampling import check_limits, detokenize_params, sampling_params
-from services.frontend.openai.serving import GenerationHandler
+from services.frontend.openai.serving import OpenAIServing
 
 
 def chat_prompt(body: ChatCompletionRequest) -> PromptInput:
@@ -67,7 +67,7 @@ class ChatChoice(ChoiceState):
     new_logprobs: list[dict[str, Any]] = field(default_factory=list)   # the last delta's
 
 
-class ChatCompletion(GenerationHandler[ChatCompletionRequest, ChatChoice]):
+class ChatCompletion(OpenAIServing[ChatCompletionRequest, ChatChoice]):
     """One /v1/chat/completions request from validation to its response."""
     object_name = "chat.completion"
     chunk_object_name = "chat.completion.chunk"
@@ -78,7 +78,7 @@ class ChatCompletion(GenerationHandler[ChatCompletionRequest, ChatChoice]):
         self.num_logprobs = (body.top_logprobs or 0) if body.logprobs else None
         self.tools: ToolPlan | None = None     # set by plan()
 
-    def plan(self) -> GenerationPlan:
+    def plan(self) -> RequestPlan:
         body = self.body
         if body.top_logprobs is not None and not body.logprobs:
             raise invalid("top_logprobs needs logprobs set to true", param="top_logprobs")
@@ -97,7 +97,7 @@ class ChatCompletion(GenerationHandler[ChatCompletionRequest, ChatChoice]):
         check_limits(body, self.ctx.settings, self.num_logprobs)
         max_tokens = body.max_completion_tokens or body.max_tokens
         param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
-        return GenerationPlan(
+        return RequestPlan(
             model=body.model, prompts=[chat_prompt(body)], n=body.n, max_tokens=max_tokens,
             make_sampling=lambda mt, seed: sampling_params(
                 body, max_tokens=mt, logprobs=self.num_logprobs,

@@ -10,8 +10,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from services.common.packing import pack_int32
 from services.frontend.context import FrontendContext
-from services.frontend.engine_client.mesh_client import TextDelta
-from services.frontend.engine_client.request_run import GenerationPlan, PromptInput
+from services.frontend.engine_client.generation import TextDelta
+from services.frontend.engine_client.request_run import PromptInput, RequestPlan
 from services.frontend.errors import invalid
 from services.frontend.openai.choice_state import ChoiceState, finish_reason, stop_reason
 from services.frontend.openai.grammar_request import grammar_request
@@ -23,7 +23,7 @@ from services.frontend.openai.logprobs import (
 )
 from services.frontend.openai.protocol import CompletionRequest
 from services.frontend.openai.sampling import check_limits, detokenize_params, sampling_params
-from services.frontend.openai.serving import GenerationHandler
+from services.frontend.openai.serving import OpenAIServing
 
 
 def prompt_inputs(body: CompletionRequest) -> list[PromptInput]:
@@ -50,7 +50,7 @@ class CompletionChoice(ChoiceState):
     echoed: bool = False       # the echoed prompt went out with the first streamed chunk
 
 
-class Completion(GenerationHandler[CompletionRequest, CompletionChoice]):
+class Completion(OpenAIServing[CompletionRequest, CompletionChoice]):
     """One /v1/completions request from validation to its response."""
     object_name = "text_completion"
     chunk_object_name = "text_completion"
@@ -67,7 +67,7 @@ class Completion(GenerationHandler[CompletionRequest, CompletionChoice]):
         self.echo_texts: list[str] | None = None          # per prompt, when echo is set
         self.first_prompt_tokens: list[str] | None = None  # per prompt, for echo + logprobs
 
-    def plan(self) -> GenerationPlan:
+    def plan(self) -> RequestPlan:
         body = self.body
         if body.suffix:
             raise invalid("suffix is not supported", param="suffix")
@@ -75,7 +75,7 @@ class Completion(GenerationHandler[CompletionRequest, CompletionChoice]):
             raise invalid("best_of other than n is not supported", param="best_of")
         check_limits(body, self.ctx.settings, body.logprobs)
         self.prompt_inputs = prompt_inputs(body)
-        return GenerationPlan(
+        return RequestPlan(
             model=body.model, prompts=self.prompt_inputs, n=body.n, max_tokens=body.max_tokens,
             make_sampling=lambda max_tokens, seed: sampling_params(
                 body, max_tokens=max_tokens, logprobs=body.logprobs,

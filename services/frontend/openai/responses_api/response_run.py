@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import Request
 
 from services.frontend.context import FrontendContext
-from services.frontend.engine_client.mesh_client import Generation, TextDelta
+from services.frontend.engine_client.generation import Generation, TextDelta
 from services.frontend.errors import ApiError
 from services.frontend.openai.choice_state import error_of, finish_reason, usage
 from services.frontend.openai.responses_api.items import Message, chat_request, input_item_list

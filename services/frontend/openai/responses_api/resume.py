@@ -21,7 +21,7 @@ from typing import Any
 
 from services.common import wire
 from services.common.packing import pack_int32, unpack_int32
-from services.frontend.engine_client.mesh_client import Generation
+from services.frontend.engine_client.generation import Generation
 from services.frontend.openai.responses_api.response_output import Event
 
 TOKENS_HEADER = "Mesh-Output-Tokens"   # packed int32, base64: tokens since the last checkpoint
