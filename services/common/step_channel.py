@@ -33,13 +33,19 @@ import selectors
 import socket
 import struct
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TypeVar, cast
+from typing import NamedTuple, TypeVar, cast
 
 _HEADER = struct.Struct("<I")
 T = TypeVar("T")
+
+
+class Reply(NamedTuple):
+    frame: bytes
+    received_at: float   # time.perf_counter() when it arrived, before the loop got to it
 
 
 class ChannelClosed(ConnectionError):
@@ -186,7 +192,7 @@ class StepChannelClient(asyncio.Protocol):
     def __init__(self) -> None:
         self._transport: asyncio.Transport | None = None
         self._buffer = bytearray()
-        self._pending: deque[asyncio.Future[bytes]] = deque()
+        self._pending: deque[asyncio.Future[Reply]] = deque()
         self._closed = False
 
     @classmethod
@@ -206,7 +212,7 @@ class StepChannelClient(asyncio.Protocol):
     def is_open(self) -> bool:
         return not self._closed
 
-    def send(self, frame: bytes) -> asyncio.Future[bytes]:
+    def send(self, frame: bytes) -> asyncio.Future[Reply]:
         """Sends a frame; the future holds its answer, or ChannelClosed."""
         future = asyncio.get_running_loop().create_future()
         if self._closed or self._transport is None:
@@ -227,6 +233,7 @@ class StepChannelClient(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
+        received_at = time.perf_counter()
         self._buffer += data
         while len(self._buffer) >= _HEADER.size:
             (size,) = _HEADER.unpack_from(self._buffer)
@@ -238,7 +245,7 @@ class StepChannelClient(asyncio.Protocol):
             if self._pending:
                 future = self._pending.popleft()
                 if not future.done():   # NOTE: its waiter may have given up on it
-                    future.set_result(frame)
+                    future.set_result(Reply(frame, received_at))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True

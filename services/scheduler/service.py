@@ -23,7 +23,7 @@ from services.scheduler.engine_stats import EngineStats
 from services.scheduler.kv.connector_runtime import KVConnectorRuntime
 from services.scheduler.settings import SchedulerSettings
 from services.scheduler.step_codec import decode_step_output, encode_step_input
-from services.scheduler.worker_link import StepFailed, WorkerGone, WorkerLink
+from services.scheduler.worker_link import StepFailed, StepReply, WorkerGone, WorkerLink
 
 _MAX_LOSSES_IN_A_ROW = 3
 _ABORT_STATUS = {
@@ -37,9 +37,8 @@ _ABORT_STATUS = {
 class _SentStep:
     """A step on its way to or through the worker."""
     output: SchedulerOutput
-    call: asyncio.Task[wire_pb.StepOutput]
+    call: asyncio.Task[StepReply]
     started: float   # perf_counter when its scheduling began
-    sent: float      # ... when it went to the worker
 
     def abandon(self) -> None:
         """Nobody takes its results (the worker is gone or changed): its fate is unknown."""
@@ -47,7 +46,7 @@ class _SentStep:
         self.call.add_done_callback(_retrieve_exception)
 
 
-def _retrieve_exception(task: asyncio.Task[wire_pb.StepOutput]) -> None:
+def _retrieve_exception(task: asyncio.Task[StepReply]) -> None:
     # NOTE: an abandoned step that failed first (the worker died under both) must not be
     # logged as "exception never retrieved": the step loop already handled the loss.
     if not task.cancelled():
@@ -74,7 +73,8 @@ class SchedulerService(Service):
         self._num_steps = 0           # completed, for the heartbeat: gateways watch it move
         self._reset_worker_rows = True
         self._losses_in_a_row = 0     # worker restarts with no step completed in between
-        self._last_step_done = 0.0    # perf_counter when the last step's result came back
+        self._last_step_done = 0.0    # perf_counter when the last step's result was taken in
+        self._last_reply_at = 0.0     # ... when the last step's answer arrived
         self.kv: KVConnectorRuntime | None = None   # kvstore loads / saves, KV events
 
     # ---- lifecycle
@@ -393,18 +393,19 @@ class SchedulerService(Service):
         self._reset_worker_rows = False
         call = asyncio.create_task(self.worker.execute(step_input, incarnation),
                                    name=f"step {scheduler_output.step}")
-        return _SentStep(scheduler_output, call, started, time.perf_counter())
+        return _SentStep(scheduler_output, call, started)
 
     async def _take_results(self, sent: _SentStep) -> None:
         """Waits for a step's results and applies them: update, KV connector, deltas."""
         assert self.scheduler is not None
         assert self.deltas is not None and self.stats is not None
-        step_output = await sent.call
+        reply = await sent.call
+        step_output = reply.output
         done = time.perf_counter()
         # NOTE: a step sent while the one before it ran held the worker from that one's end.
-        call_s = done - max(sent.sent, self._last_step_done)
+        call_s = reply.received_at - max(reply.sent_at, self._last_reply_at)
         step_s = done - max(sent.started, self._last_step_done)
-        self._last_step_done = done
+        self._last_step_done, self._last_reply_at = done, reply.received_at
         self._losses_in_a_row = 0
         scheduler_output = sent.output
         outputs = self.scheduler.update_from_output(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from typing import cast
 
 import structlog
 
@@ -37,11 +38,23 @@ class StepFailed(WorkerGone):
     """The worker answered a step with an error: running it again would fail again."""
 
 
+@dataclass(slots=True)
+class StepReply:
+    output: wire_pb.StepOutput
+    sent_at: float       # time.perf_counter() when the step went out
+    received_at: float   # ... when its answer arrived, before the event loop took it up
+
+
+# What a step's answer arrives as: the channel's bytes or NATS's message, and when.
+_Arrival = tuple[bytes | wire_pb.StepOutput, float]
+
+
 @dataclass(eq=False, slots=True)
 class _StepCall:
     """A step sent and not answered yet, with what its fate depends on."""
-    reply: asyncio.Future[bytes | wire_pb.StepOutput]   # the channel's bytes, or NATS's reply
+    reply: asyncio.Future[_Arrival]
     incarnation: int
+    sent_at: float
     reconnects: tuple[int, int] | None = None   # NATS steps: (ours, the worker's) when sent
     request: asyncio.Task[wire_pb.StepOutput] | None = None   # NATS steps: the request
 
@@ -56,8 +69,7 @@ class _StepCall:
             self.request.cancel()
 
 
-def _settle(reply: asyncio.Future[bytes | wire_pb.StepOutput],
-            request: asyncio.Task[wire_pb.StepOutput]) -> None:
+def _settle(reply: asyncio.Future[_Arrival], request: asyncio.Task[wire_pb.StepOutput]) -> None:
     if reply.done():
         return
     if request.cancelled():
@@ -65,7 +77,7 @@ def _settle(reply: asyncio.Future[bytes | wire_pb.StepOutput],
     elif (exc := request.exception()) is not None:
         reply.set_exception(exc)
     else:
-        reply.set_result(request.result())
+        reply.set_result((request.result(), time.perf_counter()))
 
 
 class WorkerLink:
@@ -117,13 +129,13 @@ class WorkerLink:
         assert self.info is not None
         return self.info
 
-    async def execute(self, step: wire_pb.StepInput, incarnation: int) -> wire_pb.StepOutput:
+    async def execute(self, step: wire_pb.StepInput, incarnation: int) -> StepReply:
         """Runs one step on the worker incarnation the caller's state belongs to."""
         self._check(incarnation)
         call = self._send(step, incarnation)
         self._calls.add(call)
         try:
-            reply = await call.reply
+            payload, received_at = await call.reply
         except ChannelClosed as exc:
             self._last_heartbeat = 0.0   # its process is gone: wait for its next start
             raise WorkerGone(str(exc)) from exc
@@ -132,23 +144,27 @@ class WorkerLink:
         finally:
             self._calls.discard(call)
             call.give_up()   # a no-op once it is answered
-        output = wire_pb.StepOutput.FromString(reply) if isinstance(reply, bytes) else reply
+        output = (wire_pb.StepOutput.FromString(payload) if isinstance(payload, bytes)
+                  else payload)
         if output.error:
             raise StepFailed(f"step failed on the worker: {output.error}")
-        return output
+        return StepReply(output, call.sent_at, received_at)
 
     def _send(self, step: wire_pb.StepInput, incarnation: int) -> _StepCall:
         if self.transport == "local":
             assert self._channel is not None
-            return _StepCall(self._channel.send(step.SerializeToString()), incarnation)
-        reply: asyncio.Future[bytes | wire_pb.StepOutput] = (
-            asyncio.get_running_loop().create_future())
+            frame = step.SerializeToString()
+            sent_at = time.perf_counter()
+            return _StepCall(cast(asyncio.Future[_Arrival], self._channel.send(frame)),
+                             incarnation, sent_at)
+        reply: asyncio.Future[_Arrival] = asyncio.get_running_loop().create_future()
+        sent_at = time.perf_counter()
         request = asyncio.create_task(self._bus.request(
             self._subjects.worker_step(self._engine_id), step, wire_pb.StepOutput,
             timeout=self._step_timeout_s))
         request.add_done_callback(lambda done: _settle(reply, done))
-        return _StepCall(reply, incarnation, (self._bus.reconnects, self._worker_reconnects),
-                         request)
+        return _StepCall(reply, incarnation, sent_at,
+                         (self._bus.reconnects, self._worker_reconnects), request)
 
     async def _watch_calls(self) -> None:
         """Fails the steps in flight whose worker is gone, changed or lost touch: without a

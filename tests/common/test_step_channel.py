@@ -56,7 +56,8 @@ def test_frames_are_answered_in_order_even_when_sent_ahead(run: Run) -> None:
             # Empty, small and multi-megabyte frames, all sent before the first answer.
             frames = [b"", b"step-1", bytes(range(256)) * 16384, b"x" * 3]
             answers = await asyncio.gather(*(client.send(f) for f in frames))
-            assert answers == [f[::-1] for f in frames]
+            assert [a.frame for a in answers] == [f[::-1] for f in frames]
+            assert [a.received_at for a in answers] == sorted(a.received_at for a in answers)
             client.close()
 
     run(scenario())
@@ -77,7 +78,7 @@ def test_a_stopping_server_answers_the_step_it_runs_then_closes(run: Run) -> Non
             assert await asyncio.to_thread(running.wait, 5)
             server.stop()
             release.set()
-            assert await asyncio.wait_for(pending, 5) == b"in flight"
+            assert (await asyncio.wait_for(pending, 5)).frame == b"in flight"
             with pytest.raises(ChannelClosed):
                 await asyncio.wait_for(client.send(b"after the end"), 5)
             assert not client.is_open
@@ -89,9 +90,9 @@ def test_a_new_client_replaces_the_one_before(run: Run) -> None:
     async def scenario() -> None:
         with serving(lambda frame: frame + b"!") as server:
             first = await StepChannelClient.connect(server.name)
-            assert await first.send(b"a") == b"a!"
+            assert (await first.send(b"a")).frame == b"a!"
             second = await StepChannelClient.connect(server.name)
-            assert await asyncio.wait_for(second.send(b"b"), 5) == b"b!"
+            assert (await asyncio.wait_for(second.send(b"b"), 5)).frame == b"b!"
             with pytest.raises(ChannelClosed):
                 await asyncio.wait_for(first.send(b"c"), 5)
             second.close()
@@ -124,7 +125,7 @@ def test_a_sigkilled_worker_leaves_no_name_and_no_shm_behind(run: Run) -> None:
 
     async def scenario() -> None:
         client = await StepChannelClient.connect(name)
-        assert await client.send(b"ping") == b"ping"
+        assert (await client.send(b"ping")).frame == b"ping"
         pending = client.send(b"lost")   # answered or not, depending on when the kill lands
         os.kill(worker.pid, signal.SIGKILL)
         await asyncio.to_thread(worker.join, 10)

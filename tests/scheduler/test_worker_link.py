@@ -49,8 +49,8 @@ async def test_a_worker_on_this_host_is_stepped_over_its_channel(
     worker = link()
     await worker._on_hello(worker_info(channel.name))
     assert worker.transport == "local"
-    output = await worker.execute(wire_pb.StepInput(step=41), incarnation=1)
-    assert output.step == 41
+    reply = await worker.execute(wire_pb.StepInput(step=41), incarnation=1)
+    assert reply.output.step == 41 and reply.sent_at < reply.received_at
 
 
 @pytest.mark.parametrize("why", ["another host", "nothing listens", "told to use NATS"])
