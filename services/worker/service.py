@@ -17,10 +17,12 @@ from services.common.mm_inputs import MultiModalInputs
 from services.common.model_files import resolve_model
 from services.common.packing import pack_int32
 from services.common.service import Service
+from services.common.startup import StartupPhases
 from services.common.step_channel import StepChannelServer, host_identity
 from services.worker.kv.connector import WorkerKVConnector
 from services.worker.kv.transfer import KVTransferThread
 from services.worker.runner.model_runner import ModelRunner, RunnerConfig
+from services.worker.runner.warm_up import warm_up
 from services.worker.settings import WorkerSettings
 
 GIL_SWITCH_INTERVAL_S = 0.0002
@@ -53,12 +55,12 @@ class WorkerService(Service):
         self.log.info("loading model", model=str(files.source), dtype=self.settings.dtype)
         loop = asyncio.get_running_loop()
         self.runner = await loop.run_in_executor(
-            self._executor, partial(ModelRunner, runner_config(self.settings, files.hf_dir),
+            self._executor, partial(_load_runner, runner_config(self.settings, files.hf_dir),
                                     GrammarMetrics(self.registry), self.startup,
                                     EncoderCacheMetrics(self.registry)))
         with self.startup.phase("KV connector and grammar warm-up"):
             if self.runner.parallel is None:
-                self.runner.kv_connector = self._kv_connector(self.runner)
+                self.runner.attach_kv_connector(self._kv_connector(self.runner))
             else:
                 # NOTE: the kvstore holds whole blocks; each rank holds some heads of them.
                 self.log.warning("the KV connector (kvstore offload) is off under tensor "
@@ -196,6 +198,16 @@ class WorkerService(Service):
             self.runner.close()
 
 
+def _load_runner(config: RunnerConfig, grammar_metrics: GrammarMetrics, startup: StartupPhases,
+                 encoder_cache_metrics: EncoderCacheMetrics) -> ModelRunner:
+    """Loads the model runner and warms it up before the worker says hello: in the step
+    thread, where every step runs."""
+    runner = ModelRunner(config, grammar_metrics, startup, encoder_cache_metrics)
+    with startup.phase("warm-up"):
+        warm_up(runner)
+    return runner
+
+
 def runner_config(s: WorkerSettings, model_dir: Path) -> RunnerConfig:
     """The model runner's configuration from the worker's settings."""
     return RunnerConfig(
@@ -210,5 +222,4 @@ def runner_config(s: WorkerSettings, model_dir: Path) -> RunnerConfig:
         num_threads=s.num_threads or None, grammar_cache_size=s.grammar_cache_size,
         speculative_config=s.speculative, tensor_parallel_size=s.tensor_parallel_size,
         enable_lora=s.enable_lora, max_loras=s.max_loras, max_lora_rank=s.max_lora_rank,
-        max_cpu_loras=s.max_cpu_loras or None, encoder_cache_size=s.encoder_cache_size,
-        warm_up=True)
+        max_cpu_loras=s.max_cpu_loras or None, encoder_cache_size=s.encoder_cache_size)

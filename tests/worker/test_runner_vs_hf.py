@@ -12,6 +12,7 @@ import torch
 from services.common import wire
 from services.common.model_files import resolve_model
 from services.worker.runner.model_runner import ModelRunner, RunnerConfig
+from services.worker.runner.warm_up import warm_up as run_warm_up
 from tests.reference import hf_chat_prompt_ids, hf_greedy_ids, hf_model
 from tests.worker.driver import StepDriver
 
@@ -46,11 +47,13 @@ def _runner(dtype: str = "float32", kv_cache_dtype: str = "auto",
             gguf_blocks: bool = True, warm_up: bool = False) -> ModelRunner:
     """As the worker runs the embedded model: fp32 steps of a few rows read the GGUF's
     blocks (services/worker/models/gguf_blocks.py) unless `gguf_blocks` is off."""
-    return ModelRunner(RunnerConfig(model_dir=resolve_model("").hf_dir, dtype=dtype,
-                                    use_gguf_blocks=gguf_blocks,
-                                    kv_cache_dtype=kv_cache_dtype, max_model_len=1024,
-                                    kv_cache_memory=256 * 2**20, max_num_seqs=32,
-                                    warm_up=warm_up))
+    runner = ModelRunner(RunnerConfig(model_dir=resolve_model("").hf_dir, dtype=dtype,
+                                      use_gguf_blocks=gguf_blocks,
+                                      kv_cache_dtype=kv_cache_dtype, max_model_len=1024,
+                                      kv_cache_memory=256 * 2**20, max_num_seqs=32))
+    if warm_up:
+        run_warm_up(runner)
+    return runner
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,7 @@ from services.common.packing import (
 from services.worker.attention.backend import KVCache
 from services.worker.kv.kv_cache import KVCacheSpec
 from services.worker.kv.transfer import KVTransferThread, LoadResult, SaveResult
+from services.worker.runner.step_hooks import StepHooks
 
 LAYOUT = "layers,kv,block,heads,dim"
 _IDLE_WAIT_S = 0.02   # an empty step with transfers in flight waits this long for one
@@ -56,7 +57,7 @@ def kv_fingerprint(model_dir: Path, spec: KVCacheSpec, quantization: str = "none
     return digest.hexdigest()[:24]
 
 
-class WorkerKVConnector:
+class WorkerKVConnector(StepHooks):
     def __init__(self, kv_caches: list[KVCache], spec: KVCacheSpec, device: torch.device,
                  transfer: KVTransferThread) -> None:
         self.kv_caches = kv_caches
@@ -80,13 +81,15 @@ class WorkerKVConnector:
         self._save(step, before_forward=True)
         self._start_loads(step)
 
-    def after_forward(self, step: wire_pb.StepInput) -> None:
-        self._save(step, before_forward=False)
-
-    def finish_step(self, out: wire_pb.StepOutput, is_idle: bool) -> None:
-        """Applies the transfers that ended and reports them in `out`. A step that ran nothing
-        while transfers are in flight waits briefly for one, so a scheduler polling for its
-        loads neither spins nor waits long."""
+    def finish_step(self, step: wire_pb.StepInput, out: wire_pb.StepOutput,
+                    ran_forward: bool) -> None:
+        """Copies out what the forward pass computed (write-through saves), then applies the
+        transfers that ended and reports them in `out`. A step that ran nothing while
+        transfers are in flight waits briefly for one, so a scheduler polling for its loads
+        neither spins nor waits long."""
+        if ran_forward:
+            self._save(step, before_forward=False)
+        is_idle = not ran_forward
         if is_idle and (self._loads or self._num_saves_in_flight):
             self.transfer.has_results.wait(_IDLE_WAIT_S)
         self._collect()

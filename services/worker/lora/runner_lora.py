@@ -19,28 +19,28 @@ from services.worker.lora.adapter import LoraError
 from services.worker.lora.lora_manager import BASE_LORA_ID, LoraManager
 from services.worker.runner.input_batch import InputBatch
 from services.worker.runner.step_batch import StepBatch
+from services.worker.runner.step_hooks import StepHooks
 from services.worker.runner.step_output import add_rejections
 
 log = structlog.get_logger(__name__)
 
 
-class RunnerLora:
+class RunnerLora(StepHooks):
     def __init__(self, manager: LoraManager) -> None:
         self.manager = manager
         self._rejections: dict[int, str] = {}   # handle -> why; sent with the next output
 
-    def add_requests(self, input_batch: InputBatch,
-                     new_requests: list[wire_pb.NewRequestData]) -> None:
+    def add_requests(self, input_batch: InputBatch, step: wire_pb.StepInput) -> None:
         """Registers the adapters of the step's new requests (already in the batch); a
         request whose adapter cannot be loaded runs this step as the base model and is
         reported rejected, so the scheduler ends it."""
-        for new in new_requests:
+        for new in step.new_requests:
             lora = new.lora   # unset: lora_id 0, the base model
             if lora.lora_id == BASE_LORA_ID or self._register(new.handle, lora):
                 continue
             input_batch.lora_ids[input_batch.handle_to_row[new.handle]] = BASE_LORA_ID
 
-    def prepare_step(self, batch: StepBatch, input_batch: InputBatch) -> None:
+    def prepare_forward(self, batch: StepBatch, input_batch: InputBatch) -> None:
         self.manager.prepare_step(input_batch.lora_ids[batch.rows],
                                   np.diff(batch.attn.query_start_loc_cpu))
 

@@ -6,7 +6,7 @@ Lifecycle of an image:
 1. the service fetches its preprocessed tensors (services/common/mm_inputs.py) before the
    step that brings its request, unless held or encoded already (needs_payload), and hands
    them over with add_payload;
-2. that step's update() resolves the request's images: the encoder cache by content hash,
+2. that step's add_requests() resolves the request's images: the encoder cache by content hash,
    else the vision tower over the payload (then cached); the payload is dropped. An image
    that cannot be resolved (payload gone, bad tensors) rejects its request with the reason:
    the request runs this step on its placeholders' text embeddings and the scheduler ends it;
@@ -37,7 +37,9 @@ from services.worker.models.vision.registry import load_vision_encoder
 from services.worker.models.weights import WeightSource
 from services.worker.multimodal.mm_request import MultiModalRequest
 from services.worker.runner.config import RunnerConfig
+from services.worker.runner.input_batch import InputBatch
 from services.worker.runner.step_batch import StepBatch
+from services.worker.runner.step_hooks import StepHooks
 from services.worker.runner.step_output import add_rejections
 
 log = structlog.get_logger(__name__)
@@ -45,7 +47,7 @@ log = structlog.get_logger(__name__)
 Payload = dict[str, np.ndarray]
 
 
-class RunnerMultiModal:
+class RunnerMultiModal(StepHooks):
     def __init__(self, config: RunnerConfig, model_config: ModelConfig, device: torch.device,
                  metrics: EncoderCacheMetrics | None = None):
         hf = json.loads((config.model_dir / "config.json").read_text())
@@ -75,7 +77,7 @@ class RunnerMultiModal:
 
     # --- step hooks ---
 
-    def update(self, step: wire_pb.StepInput) -> None:
+    def add_requests(self, _input_batch: InputBatch, step: wire_pb.StepInput) -> None:
         """Applies the step's diffs: drops finished requests, resolves new ones' images."""
         if step.reset:
             self._requests.clear()

@@ -64,8 +64,9 @@ class TensorParallelModel:
         self.model = model
         self.commands = commands
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                attn_metadata: Any) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: Any,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        assert inputs_embeds is None, "images are refused under tensor parallelism"
         self.commands.send(("forward", input_ids, positions, attn_metadata))
         return self.model.forward(input_ids, positions, attn_metadata)
 

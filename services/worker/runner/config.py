@@ -41,8 +41,6 @@ class RunnerConfig:
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None       # adapters kept in host memory; None: max_loras
     encoder_cache_size: int = 8192         # vision models: image embedding rows kept (LRU)
-    warm_up: bool = False                  # run a throwaway request before serving (the
-                                           # worker service does; warm_up.py)
 
     def __post_init__(self) -> None:
         check_quantization(self.quantization, self.device)

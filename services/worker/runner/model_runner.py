@@ -2,9 +2,10 @@
 
 NOTE (size guard): this is the worker's hot file. It only orchestrates a step — apply the diffs,
 prepare the batch, forward, sample, pack the output — and each of those lives in its own module
-(input_batch, step_batch, attention/, models/, sampler, step_output, cuda_graphs). Keep it under
-~300 lines: a new feature gets its own module, not a branch here (vLLM's gpu_model_runner.py
-reached 7,000 lines by absorbing features one branch at a time).
+(input_batch, step_batch, attention/, models/, sampling/, step_output, cuda_graphs). Keep it
+under ~300 lines: a new feature gets its own module and joins the step through its hooks
+(step_hooks.py), not a branch here (vLLM's gpu_model_runner.py reached 7,000 lines by
+absorbing features one branch at a time).
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ from services.worker.runner.model_loader import (
     weight_source,
 )
 from services.worker.runner.step_batch import StepBatch, dummy_step_batch, prepare_step_batch
+from services.worker.runner.step_hooks import StepHooks, TextInputs
 from services.worker.runner.step_output import build_step_output
-from services.worker.runner.warm_up import warm_up
 from services.worker.sampling.sampler import Sampler
 from services.worker.sampling.sampling_metadata import build_sampling_metadata
 from services.worker.sampling.structured_outputs import StructuredOutputs, load_tokenizer_info
@@ -132,10 +133,17 @@ class ModelRunner:
             config.model_dir, self.kv_spec, config.quantization
             + ("+smoothquant" if uses_int8_smoothing(config, model_config) else ""))
         self.kv_connector: WorkerKVConnector | None = None
-        """Moves blocks to / from the kvstore between forward passes; set by the service."""
-        if config.warm_up:
-            with startup.phase("warm-up"):
-                warm_up(self)
+        """Moves blocks to / from the kvstore between forward passes (attach_kv_connector)."""
+        # The optional features a step runs with, in hook order (step_hooks.py).
+        self._hooks: list[StepHooks] = [feature for feature in (self.lora, self.multimodal,
+                                                                self.speculator)
+                                        if feature is not None]
+        self._inputs: TextInputs | RunnerMultiModal = self.multimodal or TextInputs()
+
+    def attach_kv_connector(self, connector: WorkerKVConnector) -> None:
+        """The worker service's KV connector joins every step from now on."""
+        self.kv_connector = connector
+        self._hooks.append(connector)
 
     def execute(self, step: wire_pb.StepInput) -> wire_pb.StepOutput:
         """Runs one step. Never raises: a failure comes back as StepOutput.error."""
@@ -146,23 +154,20 @@ class ModelRunner:
         except Exception as e:  # noqa: BLE001 - the worker must outlive a bad step
             log.exception("step failed", step=step.step)
             out = wire_pb.StepOutput(step=step.step, error=f"{type(e).__name__}: {e}")
-        if self.lora is not None:
-            self.lora.report(out)
-        if self.multimodal is not None:
-            self.multimodal.report(out)
+        for hooks in self._hooks:
+            hooks.report(out)
         out.execute_s = time.perf_counter() - started
         return out
 
     def _execute(self, step: wire_pb.StepInput) -> wire_pb.StepOutput:
         self._update_states(step)
-        connector = self.kv_connector
-        if connector is not None:
-            connector.before_forward(step)
+        for hooks in self._hooks:
+            hooks.before_forward(step)
         batch = prepare_step_batch(step, self.input_batch, self.block_size, self.device)
         if batch is None:
             out = wire_pb.StepOutput(step=step.step)
-            if connector is not None:
-                connector.finish_step(out, is_idle=True)
+            for hooks in self._hooks:
+                hooks.finish_step(step, out, ran_forward=False)
             return out
         hidden = self._forward(batch)
         logits = self.model.compute_logits(hidden[batch.logits_indices])
@@ -191,11 +196,10 @@ class ModelRunner:
                                 sampler_output, metadata.logprob_rows, logits[num_samples:],
                                 metadata.unreported_rows, metadata.rejections,
                                 metadata.deferred_rows, emitted)
-        if self.speculator is not None:
-            self.speculator.propose(self.input_batch, handles, sample_rows, out)
-        if connector is not None:
-            connector.after_forward(step)
-            connector.finish_step(out, is_idle=False)
+        for hooks in self._hooks:
+            hooks.after_sampling(self.input_batch, handles, sample_rows, out)
+        for hooks in self._hooks:
+            hooks.finish_step(step, out, ran_forward=True)
         return out
 
     def _update_states(self, step: wire_pb.StepInput) -> None:
@@ -203,18 +207,14 @@ class ModelRunner:
         if step.reset:
             self.input_batch.reset()
         finished = unpack_int32(step.finished_handles).tolist()
-        if self.speculator is not None:
-            self.speculator.remember(self.input_batch, finished)
+        for hooks in self._hooks:
+            hooks.remove_requests(self.input_batch, finished)
         for handle in finished:
             self.input_batch.remove_request(handle)
         for new in step.new_requests:
             self.input_batch.add_request(new)
-        if self.lora is not None:
-            self.lora.add_requests(self.input_batch, step.new_requests)
-        if self.multimodal is not None:
-            self.multimodal.update(step)
-        if self.speculator is not None:
-            self.speculator.add_requests(self.input_batch, [n.handle for n in step.new_requests])
+        for hooks in self._hooks:
+            hooks.add_requests(self.input_batch, step)
         if step.cached_handles:
             self.input_batch.update_cached(
                 unpack_int32(step.cached_handles), unpack_int32(step.cached_num_new_blocks),
@@ -222,16 +222,13 @@ class ModelRunner:
                 unpack_int32(step.cached_num_computed_tokens))
 
     def _forward(self, batch: StepBatch) -> torch.Tensor:
-        if self.lora is not None:
-            self.lora.prepare_step(batch, self.input_batch)
+        for hooks in self._hooks:
+            hooks.prepare_forward(batch, self.input_batch)
         if self.cuda_graphs is not None and self.cuda_graphs.can_run(batch):
             return self.cuda_graphs.run(batch)
         attn_metadata = self.attn_backend.build_metadata(batch.attn)
-        if self.multimodal is not None:
-            inputs_embeds, positions = self.multimodal.prepare_inputs(
-                batch, self.model.embed_input_ids)
-            return self.model.forward(batch.input_ids, positions, attn_metadata, inputs_embeds)
-        return self.model.forward(batch.input_ids, batch.positions, attn_metadata)
+        inputs_embeds, positions = self._inputs.prepare_inputs(batch, self.model.embed_input_ids)
+        return self.model.forward(batch.input_ids, positions, attn_metadata, inputs_embeds)
 
     @property
     def _max_num_samples(self) -> int:
@@ -249,8 +246,8 @@ class ModelRunner:
 
     def close(self) -> None:
         self.structured_outputs.close()
-        if self.kv_connector is not None:
-            self.kv_connector.close()
+        for hooks in self._hooks:
+            hooks.close()
         if self.parallel is not None:
             self.parallel.close()
 

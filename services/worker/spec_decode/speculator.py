@@ -10,13 +10,14 @@ from services.common import wire_pb
 from services.common.packing import pack_int32
 from services.worker.runner.config import RunnerConfig, RunnerInfo
 from services.worker.runner.input_batch import InputBatch
+from services.worker.runner.step_hooks import StepHooks
 from services.worker.spec_decode.draft_model_proposer import DraftModelProposer
 from services.worker.spec_decode.ngram_proposer import NgramProposer
 from services.worker.spec_decode.proposer import Proposer
 from services.worker.spec_decode.suffix_proposer import SuffixProposer
 
 
-class Speculator:
+class Speculator(StepHooks):
     def __init__(self, config: RunnerConfig, device: torch.device, info: RunnerInfo) -> None:
         """config: the runner's, with its speculative_config; info: what the runner built
         (the draft model's KV cache follows the target's blocks)."""
@@ -29,8 +30,8 @@ class Speculator:
             self.proposer = (SuffixProposer if spec.method == "suffix"
                              else NgramProposer)(spec, info.max_model_len)
 
-    def propose(self, batch: InputBatch, handles: np.ndarray, rows: np.ndarray,
-                out: wire_pb.StepOutput) -> None:
+    def after_sampling(self, batch: InputBatch, handles: np.ndarray, rows: np.ndarray,
+                       out: wire_pb.StepOutput) -> None:
         """Drafts for the next step of the requests that sampled (`handles` at `rows`) and
         may speculate; a request still short of min_tokens bans stop tokens by its output
         count, which drafts would move, so it waits."""
@@ -47,12 +48,13 @@ class Speculator:
             out.draft_handles = pack_int32(handles[eligible][drafted])
             out.num_draft_tokens = pack_int32(num_drafts[drafted])
 
-    def add_requests(self, batch: InputBatch, handles: list[int]) -> None:
-        """The requests of `handles` just took rows (new, resumed, or sent again)."""
-        if handles:
+    def add_requests(self, batch: InputBatch, step: wire_pb.StepInput) -> None:
+        """The step's new requests just took rows (new, resumed, or sent again)."""
+        if step.new_requests:
+            handles = [new.handle for new in step.new_requests]
             self.proposer.add_requests(batch.rows_of(handles).tolist())
 
-    def remember(self, batch: InputBatch, handles: list[int]) -> None:
+    def remove_requests(self, batch: InputBatch, handles: list[int]) -> None:
         """The requests of `handles` finished (or were preempted) and their rows go."""
         rows = [row for handle in handles if (row := batch.handle_to_row.get(handle)) is not None]
         if rows:
