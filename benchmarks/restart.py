@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from llm_mesh.cli import SERVICE_MODULES
 from llm_mesh.embedded import EmbeddedNats, free_port
+from llm_mesh.service_modules import SERVICE_MODULES
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SERVICES = ("worker", "tokenizer", "scheduler", "gateway", "batch", "kvstore")

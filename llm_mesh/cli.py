@@ -7,15 +7,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-# Service name -> the module `python -m` runs. The batch runner lives in the gateway's package.
-SERVICE_MODULES = {
-    "gateway": "services.gateway",
-    "batch": "services.batch",
-    "tokenizer": "services.tokenizer",
-    "scheduler": "services.scheduler",
-    "worker": "services.worker",
-    "kvstore": "services.kvstore",
-}
+from llm_mesh.service_modules import SERVICE_MODULES
 
 USAGE = """llm-mesh <command> [options]
 

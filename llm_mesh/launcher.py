@@ -31,12 +31,13 @@ from typing import Any
 
 import structlog
 
-from llm_mesh.cli import SERVICE_MODULES
-from llm_mesh.embedded import EmbeddedNats, EmbeddedRedis, free_ports, reserve_ports
+from llm_mesh.embedded import EmbeddedNats, EmbeddedRedis
 from llm_mesh.engines import ENGINE_SERVICES, EnginePlan, plan_engines
 from llm_mesh.liveness import Liveness, Probe, http_probe, nats_probe, redis_probe
+from llm_mesh.service_modules import SERVICE_MODULES
 from services.batch.settings import BatchSettings
 from services.common.logs import configure_logging
+from services.common.ports import free_ports, reserve_ports
 from services.common.model_files import resolve_model
 from services.common.settings import (
     add_arguments,

@@ -20,8 +20,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llm_mesh.cli import SERVICE_MODULES
-from llm_mesh.embedded import EmbeddedNats, EmbeddedRedis, free_port
+from llm_mesh.embedded import EmbeddedNats, EmbeddedRedis
+from services.common.ports import free_port
+from llm_mesh.service_modules import SERVICE_MODULES
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

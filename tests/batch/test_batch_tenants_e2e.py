@@ -14,7 +14,7 @@ from typing import Any
 import openai
 import pytest
 
-from llm_mesh.embedded import free_port
+from services.common.ports import free_port
 from tests.batch.polling import finished, wait_for
 from tests.faults.streams import poll
 from tests.mesh import REPO_ROOT, Mesh, http_get

@@ -20,7 +20,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from llm_mesh.embedded import free_port
+from services.common.ports import free_port
 
 MODEL = "stub-model"
 

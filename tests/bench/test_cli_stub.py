@@ -10,7 +10,7 @@ import pytest
 
 from llm_mesh.bench.cli import main
 from llm_mesh.bench.openai_client import EncodedRequest, OpenAIClient
-from llm_mesh.embedded import free_port
+from services.common.ports import free_port
 from tests.bench.stub_server import MODEL, running_stub
 
 

@@ -9,11 +9,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from llm_mesh.embedded import free_port
+from services.common.ports import free_port
 from tests.e2e.up_processes import child_running
 from tests.faults.streams import poll
 from tests.mesh import ENGINE_ARGS, REPO_ROOT, http_get, metric_value

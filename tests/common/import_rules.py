@@ -8,8 +8,12 @@
 - services.common imports no service, and not the frontend.
 - The scheduler's engine core (services/scheduler/core) does no I/O and knows no wire
   types: it imports only itself and services.common.block_hash.
-- kernels/ stands on nothing in services/.
-- No import cycle among files of different packages (folders).
+- kernels/ stands on nothing in services/ or llm_mesh/.
+- llm_mesh/ (the command line, the launcher, the load generator) starts services as
+  processes, never runs their code: of services/ it imports only services.common and each
+  service's settings module (the flags it hands on). Nothing in services/ or kernels/
+  imports llm_mesh.
+- No import cycle: not between packages, not among the files of one package.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ CORE = "services.scheduler.core"
 FRONTEND = "services.frontend"
 FRONTEND_USERS = ("services.gateway", "services.batch")
 CORE_MAY_IMPORT = ("services.common.block_hash",)
+LAUNCHER = "llm_mesh"
+TOPS = ("services", "kernels", "llm_mesh")
 
 
 def module_name(root: Path, path: Path) -> str:
@@ -86,27 +92,40 @@ def layering_violations(root: Path) -> list[str]:
                     and not any(_within(module, allowed) for allowed in CORE_MAY_IMPORT):
                 violations.append(f"{where} (the engine core imports only itself and "
                                   f"{', '.join(CORE_MAY_IMPORT)})")
+    for top in ("services", "kernels"):
+        for path in _sources(root, top):
+            violations.extend(f"{path.relative_to(root)} imports {module} (services and "
+                              f"kernels import nothing of llm_mesh)"
+                              for module in imported_modules(root, path)
+                              if _within(module, LAUNCHER))
     for path in _sources(root, "kernels"):
         violations.extend(f"{path.relative_to(root)} imports {module} (kernels stand on "
                           f"nothing in services)"
                           for module in imported_modules(root, path)
                           if _within(module, "services"))
+    for path in _sources(root, LAUNCHER):
+        violations.extend(f"{path.relative_to(root)} imports {module} (llm_mesh imports of "
+                          f"services only common and their settings)"
+                          for module in imported_modules(root, path)
+                          if _within(module, "services") and not _within(module, "services.common")
+                          and not _is_settings_module(module))
     return violations
 
 
-def package_cycles(root: Path, tops: tuple[str, ...] = ("services", "kernels")) -> list[str]:
-    """Import cycles among files that span more than one package (folder)."""
+def _is_settings_module(module: str) -> bool:
+    parts = module.split(".")
+    return len(parts) == 3 and parts[0] == "services" and parts[2] == "settings"
+
+
+def import_cycles(root: Path, tops: tuple[str, ...] = TOPS) -> list[str]:
+    """Every import cycle among the files of the tree, within one package or across several
+    (one per strongly connected set of files)."""
     files = {module_name(root, path): path for top in tops for path in _sources(root, top)}
     edges: dict[str, set[str]] = defaultdict(set)
     for name, path in files.items():
         edges[name] = {module for module in imported_modules(root, path)
                        if module in files and module != name}
-    return [" -> ".join(cycle) for cycle in _cycles(edges)
-            if len({_package_of(files[member]) for member in cycle}) > 1]
-
-
-def _package_of(path: Path) -> Path:
-    return path.parent
+    return [" -> ".join(cycle) for cycle in _cycles(edges)]
 
 
 def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:

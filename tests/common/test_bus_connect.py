@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from llm_mesh.embedded import EmbeddedNats, free_port
+from llm_mesh.embedded import EmbeddedNats
+from services.common.ports import free_port
 from services.common.bus import Bus, BusError
 from tests.mesh import REPO_ROOT
 

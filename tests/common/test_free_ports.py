@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import socket
 
-from llm_mesh import embedded
-from llm_mesh.embedded import _ephemeral_range, free_port, free_ports
+from services.common import ports
+from services.common.ports import _ephemeral_range, free_port, free_ports
 
 
 def test_ports_are_outside_the_ephemeral_range_and_bindable() -> None:
@@ -27,9 +27,9 @@ def test_a_port_is_never_handed_out_twice() -> None:
 def test_a_reserved_port_is_never_drawn(monkeypatch) -> None:
     # Ten candidates (65526-65535), five reserved (as `llm-mesh up --port` reserves its
     # gateway's): the other five come back.
-    monkeypatch.setattr(embedded, "_ephemeral_range", lambda: (10_240, 65_525))
-    monkeypatch.setattr(embedded, "_handed_out", set())
-    embedded.reserve_ports(range(65_526, 65_536, 2))
+    monkeypatch.setattr(ports, "_ephemeral_range", lambda: (10_240, 65_525))
+    monkeypatch.setattr(ports, "_handed_out", set())
+    ports.reserve_ports(range(65_526, 65_536, 2))
     assert sorted(free_ports(5)) == list(range(65_527, 65_536, 2))
 
 
@@ -37,8 +37,8 @@ def test_a_port_someone_holds_is_skipped(monkeypatch) -> None:
     # Leave ten candidates (65526-65535) and hold every other one: the rest come back. Another
     # server on this machine may hold a candidate already (CI once had one on 65526): a port it
     # holds counts as held, and one it holds among the rest is left out of what is expected.
-    monkeypatch.setattr(embedded, "_ephemeral_range", lambda: (10_240, 65_525))
-    monkeypatch.setattr(embedded, "_handed_out", set())
+    monkeypatch.setattr(ports, "_ephemeral_range", lambda: (10_240, 65_525))
+    monkeypatch.setattr(ports, "_handed_out", set())
     held: list[socket.socket] = []
     try:
         for port in range(65_526, 65_536, 2):

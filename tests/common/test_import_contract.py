@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.common.import_rules import layering_violations, package_cycles
+from tests.common.import_rules import import_cycles, layering_violations
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -19,21 +19,23 @@ def test_the_tree_keeps_every_layering_rule() -> None:
     assert not violations, "\n".join(violations)
 
 
-def test_no_import_cycle_between_packages() -> None:
-    cycles = package_cycles(ROOT)
+def test_no_import_cycle_anywhere() -> None:
+    cycles = import_cycles(ROOT)
     assert not cycles, "\n".join(cycles)
 
 
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     packages = ["services", "services/common", "services/gateway", "services/batch",
-                "services/scheduler", "services/scheduler/core", "kernels"]
+                "services/tokenizer", "services/frontend", "services/scheduler",
+                "services/scheduler/core", "kernels", "llm_mesh"]
     for package in packages:
         (tmp_path / package).mkdir(parents=True, exist_ok=True)
         (tmp_path / package / "__init__.py").write_text("")
     for name in ("services/common/block_hash.py", "services/common/wire.py",
                  "services/gateway/app.py", "services/batch/runner.py",
-                 "services/scheduler/service.py", "services/scheduler/core/pool.py",
-                 "kernels/ops.py"):
+                 "services/tokenizer/service.py", "services/frontend/client.py",
+                 "services/scheduler/service.py", "services/scheduler/settings.py",
+                 "services/scheduler/core/pool.py", "kernels/ops.py", "llm_mesh/launcher.py"):
         (tmp_path / name).write_text("")
     for name, text in files.items():
         (tmp_path / name).write_text(text)
@@ -54,6 +56,16 @@ PLANTED = [
      "the engine core imports only"),
     ("kernels/ops.py", "def build():\n    from services.common.block_hash import h\n",
      "kernels stand on nothing"),
+    ("services/tokenizer/service.py", "from services.frontend.client import c\n",
+     "a service imports only common"),
+    ("services/frontend/client.py", "from services.scheduler.service import s\n",
+     "the frontend imports only common"),
+    ("services/common/wire.py", "from services.frontend import client\n",
+     "common imports no service"),
+    ("llm_mesh/launcher.py", "from services.scheduler.service import SchedulerService\n",
+     "llm_mesh imports of services only common and their settings"),
+    ("services/scheduler/service.py", "from llm_mesh.launcher import main\n",
+     "import nothing of llm_mesh"),
 ]
 
 
@@ -67,6 +79,14 @@ def test_a_planted_violation_is_caught(tmp_path: Path, path: str, source: str,
     assert len(violations) == 1 and rule in violations[0], violations
 
 
+def test_the_gateway_and_the_launcher_may_import_what_they_stand_on(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {"services/gateway/app.py": "from services.frontend import client\n",
+                            "services/batch/runner.py": "from services.frontend.client import c\n",
+                            "llm_mesh/launcher.py": "from services.scheduler.settings import s\n"
+                                                    "from services.common import wire\n"})
+    assert layering_violations(root) == []
+
+
 def test_core_may_import_itself_and_block_hashes(tmp_path: Path) -> None:
     root = _tree(tmp_path, {"services/scheduler/core/pool.py":
                             "from services.common.block_hash import h\n"
@@ -78,6 +98,15 @@ def test_a_planted_cycle_is_caught(tmp_path: Path) -> None:
     root = _tree(tmp_path, {
         "services/scheduler/core/pool.py": "from services.scheduler.service import x\n",
         "services/scheduler/service.py": "from services.scheduler.core.pool import y\n"})
-    assert package_cycles(root) == [
+    assert import_cycles(root) == [
         "services.scheduler.core.pool -> services.scheduler.service -> "
         "services.scheduler.core.pool"]
+
+
+def test_a_planted_cycle_inside_one_package_is_caught(tmp_path: Path) -> None:
+    # The files of one folder importing each other, in a type-checking block too.
+    root = _tree(tmp_path, {
+        "llm_mesh/cli.py": "from llm_mesh.launcher import main\n",
+        "llm_mesh/launcher.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                "    from llm_mesh.cli import SERVICES\n"})
+    assert import_cycles(root) == ["llm_mesh.cli -> llm_mesh.launcher -> llm_mesh.cli"]

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import trustme
 
-from llm_mesh.embedded import EmbeddedNats, free_port
+from llm_mesh.embedded import EmbeddedNats
+from services.common.ports import free_port
 from services.common import wire
 from services.common.bus import Bus, BusError, nats_tls
 from services.common.settings import CommonSettings

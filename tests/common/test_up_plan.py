@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from llm_mesh.embedded import free_ports
+from services.common.ports import free_ports
 from llm_mesh.engines import plan_engines
 from llm_mesh.launcher import service_argv, up_parser
 from services.common.settings import build_settings

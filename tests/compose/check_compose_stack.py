@@ -17,7 +17,7 @@ from typing import Any
 import openai
 import pytest
 
-from llm_mesh.embedded import free_port
+from services.common.ports import free_port
 from tests.compose.compose_stack import ComposeStack, require_docker
 from tests.faults.streams import StreamSet
 from tests.mesh import REPO_ROOT, http_get, metric_value

@@ -7,7 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from llm_mesh.embedded import EmbeddedNats, free_port
+from llm_mesh.embedded import EmbeddedNats
+from services.common.ports import free_port
 from tests.compose.model import COMPOSE_DIR, MAIN, load, mesh_services
 
 SERVICES = load([MAIN])["services"]

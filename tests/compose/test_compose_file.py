@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from llm_mesh import cli
+from llm_mesh.service_modules import SERVICE_MODULES
 from services.common.settings import EngineSettings, env_name
 from tests.compose.model import (COMPOSE_DIR, DOCKERFILE, ENGINE2, MAIN, ROOT, VARIANTS,
                                  check_jsonschema, load, mesh_services, mounts, nats_url_parts,
@@ -76,12 +76,12 @@ def test_every_service_but_nats_and_redis_is_a_mesh_service() -> None:
         kinds = {svc.kind for svc in mesh_services(model)}
         # The request path is complete, and every command names a service that exists.
         assert {"gateway", "tokenizer", "scheduler", "worker"} <= kinds, variant
-        assert kinds <= set(cli.SERVICE_MODULES), variant
+        assert kinds <= set(SERVICE_MODULES), variant
 
 
 @pytest.mark.parametrize(("variant", "svc"), ALL_MESH, ids=IDS)
 def test_command_and_environment_parse_with_the_real_settings(variant, svc, monkeypatch):
-    assert svc.kind in cli.SERVICE_MODULES
+    assert svc.kind in SERVICE_MODULES
     known = {env_name(f.name) for f in dataclasses.fields(svc.settings_class)}
     unknown = set(svc.environment) - known
     assert not unknown, f"{svc.name}: {sorted(unknown)} name no setting of " \

@@ -22,7 +22,8 @@ import pytest
 from nats.errors import NoServersError
 from prometheus_client import CollectorRegistry
 
-from llm_mesh.embedded import free_port, wait_for_port
+from llm_mesh.embedded import wait_for_port
+from services.common.ports import free_port
 from services.common.bus import Bus, BusError
 from services.common.health import HealthServer
 from tests.compose.compose_nats import SERVICES, ComposeNats

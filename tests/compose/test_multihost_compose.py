@@ -17,7 +17,7 @@ import nats.js.errors
 import pytest
 from nats.js import api
 
-from llm_mesh.embedded import free_port
+from services.common.ports import free_port
 from services.common.bus import Bus
 from tests.compose.compose_nats import ComposeNats
 from tests.compose.conftest import CERT_HOSTS

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from llm_mesh.embedded import EmbeddedRedis, free_port
+from llm_mesh.embedded import EmbeddedRedis
+from services.common.ports import free_port
 from tests.faults.streams import poll
 from tests.mesh import Mesh, http_get
 

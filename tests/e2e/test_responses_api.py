@@ -16,7 +16,7 @@ import jsonschema
 import openai
 import pytest
 
-from llm_mesh.embedded import free_port
+from services.common.ports import free_port
 from tests.mesh import Mesh, http_get
 
 pytestmark = pytest.mark.slow

@@ -15,7 +15,7 @@ import jsonschema
 import openai
 import pytest
 
-from llm_mesh.embedded import free_port
+from services.common.ports import free_port
 from tests.batch.polling import finished, wait_for
 from tests.faults.streams import poll
 from tests.mesh import Mesh, http_get, metric_value

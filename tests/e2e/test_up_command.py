@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from llm_mesh.embedded import free_port
+from services.common.ports import free_port
 from tests.e2e.up_processes import children_of, service_of
 from tests.faults.streams import poll
 from tests.mesh import ENGINE_ARGS, REPO_ROOT, http_get, http_post

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from llm_mesh.embedded import EmbeddedNats, EmbeddedRedis, free_port, wait_for_port
+from llm_mesh.embedded import EmbeddedNats, EmbeddedRedis, wait_for_port
+from services.common.ports import free_port
 from llm_mesh.liveness import (
     PROBE_INTERVAL_S,
     Liveness,

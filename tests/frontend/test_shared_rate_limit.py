@@ -9,7 +9,8 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import redis.asyncio as aioredis
 
-from llm_mesh.embedded import EmbeddedRedis, free_port
+from llm_mesh.embedded import EmbeddedRedis
+from services.common.ports import free_port
 from services.frontend.errors import ApiError
 from services.frontend.tenancy.auth import ApiKeys, Tenant, key_id
 

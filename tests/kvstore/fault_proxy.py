@@ -14,7 +14,7 @@ import grpclib
 from grpclib.client import Channel
 from grpclib.server import Server
 
-from llm_mesh.embedded import free_port
+from services.common.ports import free_port
 from services.common import wire
 from services.common.kv_data_plane import GRPC_CONFIG
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from llm_mesh.embedded import free_port
+from services.common.ports import free_port
 from tests.kvstore.conftest import stub_for
 from tests.kvstore.fault_proxy import FaultProxy
 from tests.kvstore.test_data_plane import put_messages

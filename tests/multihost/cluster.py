@@ -21,8 +21,8 @@ import nats
 import nats.errors
 import trustme
 
-from llm_mesh.cli import SERVICE_MODULES
 from llm_mesh.embedded import nats_server_binary, wait_for_port
+from llm_mesh.service_modules import SERVICE_MODULES
 from tests.mesh import REPO_ROOT, ServiceProcess, http_get
 from tests.multihost.hosts import Host
 from tests.pki import issue

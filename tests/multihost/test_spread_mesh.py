@@ -22,7 +22,7 @@ import openai
 import pytest
 import trustme
 
-from llm_mesh.embedded import free_port
+from services.common.ports import free_port
 from tests.batch.polling import finished, wait_for
 from tests.mesh import ENGINE_ARGS, metric_value
 from tests.multihost.cluster import Pki, SpreadMesh

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kernels import cpu_ops
-from llm_mesh.embedded import free_port
+from services.common.ports import free_port
 from services.worker.runner.cpu_runtime import cpu_kernels_dir
 from tests.mesh import ENGINE_ARGS, REPO_ROOT, http_get, http_post
 from tests.packaging.wheel import (

@@ -14,7 +14,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from llm_mesh.embedded import free_port
+from services.common.ports import free_port
 from tests.faults.streams import poll
 from tests.mesh import Mesh, http_get, metric_value, serving
 

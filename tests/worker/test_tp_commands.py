@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from llm_mesh.embedded import free_port
+from services.common.ports import free_port
 from services.worker.parallel.commands import CommandSender, decode
 from services.worker.parallel.group import TensorParallelGroup
 

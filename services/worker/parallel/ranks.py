@@ -27,7 +27,7 @@ from typing import Any
 import structlog
 import torch
 
-from llm_mesh.embedded import free_port
+from services.common.ports import free_port
 from services.worker.attention.backend import AttentionBackend, KVCache
 from services.worker.kv.kv_cache import allocate_kv_caches
 from services.worker.models.checkpoint_quant import read_checkpoint_quant
