@@ -28,8 +28,8 @@ from services.common.model_files import resolve_model
 from services.scheduler.core import Request, Scheduler
 from services.scheduler.settings import SchedulerSettings
 from services.scheduler.step_codec import decode_step_output, encode_step_input
-from services.worker.runner.model_runner import ModelRunner
-from services.worker.service import runner_config
+from services.worker.runner.model_runner import ModelRunner, RunnerConfig
+from services.worker.runner.warm_up import warm_up
 from services.worker.settings import WorkerSettings
 
 
@@ -60,7 +60,8 @@ class EngineAlone:
         """`kv_cache_memory`: the KV cache's bytes (0: the worker's own sizing)."""
         files = resolve_model(None)
         worker_settings = WorkerSettings(dtype=dtype, kv_cache_memory=kv_cache_memory)
-        self.runner = ModelRunner(runner_config(worker_settings, files.hf_dir))
+        self.runner = ModelRunner(RunnerConfig.from_settings(worker_settings, files.hf_dir))
+        warm_up(self.runner)   # as the worker service does before it says hello
         # NOTE: as the mesh's runs start after its KV cache's pages are in (section 10's
         # benches start 45 s after /health): a first write into a fresh page stalls a step.
         for thread in threading.enumerate():

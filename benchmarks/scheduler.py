@@ -60,7 +60,7 @@ def bench_decode(num_running: int, steps: int, prompt_len: int, caching: bool,
     blocks_per_request = -(-max_model_len // 16)
     config = SchedulerConfig(max_num_seqs=num_running, max_num_batched_tokens=budget,
                              max_model_len=max_model_len, enable_prefix_caching=caching,
-                             hash_algo=hash_algo,
+                             hash_algo=hash_algo, policy="fcfs", async_scheduling=False,
                              num_gpu_blocks=num_running * blocks_per_request + 1)
     scheduler = Scheduler(config)
     rng = random.Random(0)
@@ -101,7 +101,8 @@ def bench_workload(caching: bool, num_requests: int, prompt_len: int, max_tokens
     num_blocks = 256 * -(-(prompt_len + max_tokens) // 16) + 1
     config = SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=2048,
                              max_model_len=prompt_len + max_tokens, enable_prefix_caching=caching,
-                             hash_algo=hash_algo, num_gpu_blocks=max(8192, num_blocks))
+                             hash_algo=hash_algo, policy="fcfs", async_scheduling=False,
+                             num_gpu_blocks=max(8192, num_blocks))
     scheduler = Scheduler(config)
     rng = random.Random(1)
     prompts = [[rng.randrange(100, 30000) for _ in range(prompt_len)] for _ in range(num_requests)]

@@ -4,7 +4,8 @@ Every service subclasses `Service` and fills in `setup` (subscribe, load), `drai
 in-flight work) and `readiness`. `run_service` runs one under uvloop: SIGTERM or SIGINT
 starts a drain bounded by --drain-timeout-s, then the process exits. While it runs, the
 service answers /health, /ready, /metrics (on its health port, and /metrics over NATS too)
-and publishes a heartbeat every second, which is how the gateway knows what the mesh holds.
+and publishes a heartbeat every second (services/common/timing.py), which is how the gateway
+knows what the mesh holds.
 """
 
 from __future__ import annotations
@@ -28,8 +29,7 @@ from services.common.settings import CommonSettings, public_view
 from services.common.startup import StartupPhases, process_age_s
 from services.common.subjects import Subjects
 from services.common.tasks import BackgroundTasks
-
-HEARTBEAT_INTERVAL_S = 1.0
+from services.common.timing import HEARTBEAT_INTERVAL_S
 
 
 class Service(ABC):

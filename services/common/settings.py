@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from services.common.model_files import DEFAULT_MODEL
 from services.common.speculative_config import SpeculativeConfig, parse_speculative_config
+from services.common.timing import INSTANCE_TIMEOUT_S, check_liveness_timeout
 
 ENV_PREFIX = "LLM_MESH_"
 S = TypeVar("S")
@@ -64,6 +65,20 @@ class CommonSettings:
     log_format: str = setting("auto", "Log format (auto: console on a terminal, else JSON)",
                               choices=("auto", "json", "console"))
     drain_timeout_s: float = setting(30.0, "On SIGTERM, how long to finish in-flight work")
+
+
+@dataclass
+class LivenessSettings:
+    """When a silent instance counts as gone, for every service that acts on others'
+    heartbeats (gateway, batch runner, tokenizer): one flag, one default
+    (services/common/timing.py)."""
+    instance_timeout_s: float = setting(
+        INSTANCE_TIMEOUT_S, "An instance whose heartbeat is older than this is gone: a "
+        "gateway moves (or fails) the requests a lost tokenizer or scheduler held; a "
+        "tokenizer drops a lost gateway's requests and aborts them in their engines")
+
+    def __post_init__(self) -> None:
+        check_liveness_timeout("--instance-timeout-s", self.instance_timeout_s)
 
 
 @dataclass

@@ -17,6 +17,7 @@ from services.common.mm_inputs import mm_spans
 from services.common.packing import unpack_int32
 from services.common.subjects import Subjects
 from services.common.tasks import BackgroundTasks
+from services.common.timing import INSTANCE_SWEEP_INTERVAL_S
 from services.frontend.context import FrontendContext
 from services.frontend.engine_client.mesh_client import MeshClient
 from services.frontend.engine_client.mesh_view import EngineView, Instance, MeshView
@@ -25,8 +26,6 @@ from services.frontend.router.engine_router import EngineRouter, RouterMode
 from services.frontend.router.kv_event_subscriber import KVEventSubscriber
 from services.frontend.router.session_table import SessionTable
 from services.frontend.settings import FrontendSettings
-
-SWEEP_INTERVAL_S = 0.5
 
 
 class FrontendRuntime:
@@ -53,6 +52,7 @@ class FrontendRuntime:
         """Joins the mesh as `instance_id` (tokenizers send its requests' text there)."""
         self.client = MeshClient(bus, subjects, instance_id, self.view,
                                  self.settings.tokenizer_timeout_s,
+                                 self.settings.engine_submit_timeout_s,
                                  migration_timeout_s=self.settings.migration_timeout_s,
                                  metrics=self.metrics)
         await self.client.start(tasks)
@@ -84,7 +84,7 @@ class FrontendRuntime:
 
     async def _sweep_loop(self, client: MeshClient) -> None:
         while True:
-            await asyncio.sleep(SWEEP_INTERVAL_S)
+            await asyncio.sleep(INSTANCE_SWEEP_INTERVAL_S)
             for instance in self.view.sweep():
                 self.metrics.instances_lost.labels(instance.service).inc()
                 failed = client.fail_instance(instance)

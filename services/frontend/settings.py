@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.settings import CommonSettings, setting
+from services.common.settings import CommonSettings, LivenessSettings, setting
 from services.frontend.openai.lora_registry import parse_lora_module
 
 
@@ -70,7 +70,7 @@ class RouterSettings:
 
 
 @dataclass
-class FrontendSettings(RouterSettings, TenantSettings, CommonSettings):
+class FrontendSettings(RouterSettings, TenantSettings, LivenessSettings, CommonSettings):
     migration_timeout_s: float = setting(
         30.0, "How long a request whose engine or tokenizer was lost may look for live ones "
         "to continue on, before it fails with a retriable 503")
@@ -94,12 +94,13 @@ class FrontendSettings(RouterSettings, TenantSettings, CommonSettings):
         "request may ask for less with the X-Request-Deadline-S header. Past it the engine "
         "ends the request within a step, frees its blocks, and the client gets a 504 "
         "deadline_exceeded")
-    instance_timeout_s: float = setting(
-        3.5, "A service whose heartbeat is older than this is gone; its requests fail")
     engine_wait_s: float = setting(
         10.0, "A request arriving while no engine is ready (one starting or restarting, a "
         "heartbeat late) waits this long for one before its 503")
     tokenizer_timeout_s: float = setting(10.0, "Longest to wait for a tokenizer's answer")
+    engine_submit_timeout_s: float = setting(
+        10.0, "Longest to wait for a scheduler to accept (or refuse) a request, or to answer "
+        "an admin command")
     enable_auto_tool_choice: bool = setting(
         True, "Let the model decide when to call tools (tool_choice \"auto\", the default "
         "with tools), parsing its calls with --tool-call-parser; off: \"auto\" is a 400")
@@ -112,5 +113,6 @@ class FrontendSettings(RouterSettings, TenantSettings, CommonSettings):
         "deepseek_r1, qwen3; empty: off", choices=["", "deepseek_r1", "qwen3"])
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         for spec in self.lora_modules:   # a bad flag stops the start
             parse_lora_module(spec)

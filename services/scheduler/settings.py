@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from services.common import wire
 from services.common.kv_index import KVIndexSettings
 from services.common.settings import CommonSettings, EngineSettings, setting
+from services.common.timing import WORKER_HEARTBEAT_TIMEOUT_S, check_liveness_timeout
 from services.scheduler.core.config import SchedulerConfig
 
 
@@ -32,7 +33,8 @@ class SchedulerSettings(CommonSettings, EngineSettings, KVIndexSettings):
                                          "(0: unbounded)")
     worker_step_timeout_s: float = setting(600.0, "Longest one step may take on the worker")
     worker_heartbeat_timeout_s: float = setting(
-        5.0, "Declare the worker lost after this long without its heartbeat")
+        WORKER_HEARTBEAT_TIMEOUT_S, "Declare the worker lost after this long without its "
+        "heartbeat")
     worker_rejoin_timeout_s: float = setting(
         60.0, "How long requests wait, preempted, for a lost worker to return before they "
         "are given up to the gateways, which move them to another engine")
@@ -63,6 +65,10 @@ class SchedulerSettings(CommonSettings, EngineSettings, KVIndexSettings):
         "never waits for scheduling and messaging (vLLM's --async-scheduling). Off by itself "
         "with speculative decoding: a step's drafts are known only once the step before "
         "it ends")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_liveness_timeout("--worker-heartbeat-timeout-s", self.worker_heartbeat_timeout_s)
 
     @property
     def runs_async(self) -> bool:

@@ -26,8 +26,7 @@ from services.common.packing import unpack_int32
 from services.common.step_channel import ChannelClosed, StepChannelClient, host_identity
 from services.common.subjects import Subjects
 from services.common.tasks import BackgroundTasks
-
-_WATCH_INTERVAL_S = 0.5   # how often steps in flight are checked against the worker's state
+from services.common.timing import STEP_WATCH_INTERVAL_S
 
 
 class WorkerGone(Exception):
@@ -170,7 +169,7 @@ class WorkerLink:
         """Fails the steps in flight whose worker is gone, changed or lost touch: without a
         reply they would wait for the step timeout."""
         while True:
-            await asyncio.sleep(_WATCH_INTERVAL_S)
+            await asyncio.sleep(STEP_WATCH_INTERVAL_S)
             for call in list(self._calls):
                 if (reason := self._lost_reason(call)) is not None:
                     call.give_up(WorkerGone(reason))

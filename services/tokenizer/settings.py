@@ -4,17 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.settings import CommonSettings, ModelSettings, setting
+from services.common.settings import CommonSettings, LivenessSettings, ModelSettings, setting
 from services.tokenizer.multimodal.media_settings import MediaSettings
 
 
 @dataclass
-class TokenizerSettings(CommonSettings, ModelSettings, MediaSettings):
+class TokenizerSettings(CommonSettings, ModelSettings, MediaSettings, LivenessSettings):
     detokenizer_state_ttl_s: float = setting(
         900.0, "Drop the detokenizer state of a request that got no output for this long")
-    instance_timeout_s: float = setting(
-        3.5, "A gateway whose heartbeat is older than this is gone: its requests are dropped "
-        "here and aborted in their engines")
     chat_template: str = setting(
         "", "A Jinja chat template (a file's path, or the template itself) used instead of "
         "the model's; empty: the model's, or the shipped tool-use template when a request "
@@ -23,3 +20,7 @@ class TokenizerSettings(CommonSettings, ModelSettings, MediaSettings):
         256, "Structured outputs: compiled grammars kept (LRU), keyed by kind and spec text")
     grammar_compile_timeout_s: float = setting(
         10.0, "Structured outputs: a grammar not compiled by then is refused (400)")
+
+    def __post_init__(self) -> None:
+        MediaSettings.__post_init__(self)
+        LivenessSettings.__post_init__(self)

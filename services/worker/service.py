@@ -8,7 +8,6 @@ import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
-from pathlib import Path
 
 from services.common import wire, wire_pb
 from services.common.kv_data_plane import client_tls
@@ -55,7 +54,7 @@ class WorkerService(Service):
         self.log.info("loading model", model=str(files.source), dtype=self.settings.dtype)
         loop = asyncio.get_running_loop()
         self.runner = await loop.run_in_executor(
-            self._executor, partial(_load_runner, runner_config(self.settings, files.hf_dir),
+            self._executor, partial(_load_runner, RunnerConfig.from_settings(self.settings, files.hf_dir),
                                     GrammarMetrics(self.registry), self.startup,
                                     EncoderCacheMetrics(self.registry)))
         with self.startup.phase("KV connector and grammar warm-up"):
@@ -206,20 +205,3 @@ def _load_runner(config: RunnerConfig, grammar_metrics: GrammarMetrics, startup:
     with startup.phase("warm-up"):
         warm_up(runner)
     return runner
-
-
-def runner_config(s: WorkerSettings, model_dir: Path) -> RunnerConfig:
-    """The model runner's configuration from the worker's settings."""
-    return RunnerConfig(
-        model_dir=model_dir, use_gguf_blocks=s.use_gguf_blocks, dtype=s.dtype,
-        quantization=s.quantization, kv_cache_dtype=s.kv_cache_dtype,
-        block_size=s.block_size, max_model_len=s.max_model_len or None,
-        kv_cache_memory=s.kv_cache_memory or None,
-        kv_cache_memory_fraction=s.kv_cache_memory_fraction,
-        gpu_memory_utilization=s.gpu_memory_utilization, device=s.device,
-        attention_backend=s.attention_backend, max_num_seqs=s.max_num_seqs,
-        max_num_batched_tokens=s.max_num_batched_tokens, seed=s.seed,
-        num_threads=s.num_threads or None, grammar_cache_size=s.grammar_cache_size,
-        speculative_config=s.speculative, tensor_parallel_size=s.tensor_parallel_size,
-        enable_lora=s.enable_lora, max_loras=s.max_loras, max_lora_rank=s.max_lora_rank,
-        max_cpu_loras=s.max_cpu_loras or None, encoder_cache_size=s.encoder_cache_size)

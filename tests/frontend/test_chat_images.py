@@ -44,7 +44,7 @@ def gateway(bus: FakeTokenizerBus) -> httpx.AsyncClient:
     view = MeshView(stale_after_s=60.0)
     view.on_heartbeat(wire.Heartbeat(service="scheduler", instance_id="s0", ready=True,
                                      engine_id="e0", engine=wire.EngineInfo(model="m")))
-    client = MeshClient(bus, Subjects("test"), "g1", view, 5.0)  # type: ignore[arg-type]
+    client = MeshClient(bus, Subjects("test"), "g1", view, 5.0, 5.0)  # type: ignore[arg-type]
     ctx = FrontendContext(GatewaySettings(), client, view, GatewayMetrics(CollectorRegistry()))
     app = create_app(ctx, CollectorRegistry())
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway")

@@ -29,7 +29,7 @@ async def test_a_request_is_filed_under_the_scheduler_instance_that_accepted_it(
     view.on_heartbeat(wire.Heartbeat(service="scheduler", instance_id="s-old", ready=True,
                                      engine_id="e0", engine=wire.EngineInfo(model="m")))
     client = MeshClient(RestartedEngine(), Subjects("test"), "g1", view,  # type: ignore[arg-type]
-                        5.0)
+                        5.0, 5.0)
     queue: asyncio.Queue[TextDelta] = asyncio.Queue()
     generation = await client.submit(view.ready_engines()[0],
                                      wire.GenerateRequest(request_id="cmpl-1-0-0"), 0, queue)

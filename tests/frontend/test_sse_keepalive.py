@@ -38,7 +38,7 @@ async def streaming_completion(keepalive_s: float) -> tuple[Completion, Generati
     view = MeshView(stale_after_s=60.0)
     view.on_heartbeat(wire.Heartbeat(service="scheduler", instance_id="s0", ready=True,
                                      engine_id="e0", engine=wire.EngineInfo(model="m")))
-    client = MeshClient(FakeBus(), Subjects("test"), "g1", view, 5.0)  # type: ignore[arg-type]
+    client = MeshClient(FakeBus(), Subjects("test"), "g1", view, 5.0, 5.0)  # type: ignore[arg-type]
     settings = FrontendSettings(sse_keepalive_s=keepalive_s)
     ctx = FrontendContext(settings, client, view, GatewayMetrics(CollectorRegistry()))
     handler = Completion(CompletionRequest(model="m", prompt="x", stream=True), ctx)

@@ -216,7 +216,7 @@ async def test_move_stalled_moves_only_silent_requests_of_engines_without_progre
     view.on_heartbeat(engine_beat("e0", 3))
     view.on_heartbeat(engine_beat("e1", 3, running=9))
     registry = CollectorRegistry()
-    client = MeshClient(FakeBus(), Subjects("test"), "g1", view, 5.0,  # type: ignore[arg-type]
+    client = MeshClient(FakeBus(), Subjects("test"), "g1", view, 5.0, 5.0,  # type: ignore[arg-type]
                         metrics=GatewayMetrics(registry))
     client.migrator = RecordingMigrator()  # type: ignore[assignment]
     queue: asyncio.Queue[TextDelta] = asyncio.Queue()

@@ -80,8 +80,10 @@ def make_engine(store: dict, num_blocks: int = 64, role: KVRole = KVRole.BOTH,
                 save_mode: SaveMode = SaveMode.WRITE_THROUGH,
                 **config) -> tuple[Scheduler, FakeKVWorker, SchedulerKVConnector]:
     connector = SchedulerKVConnector(BLOCK, role, save_mode, policy, lambda: ["node:1"])
+    config.setdefault("max_num_batched_tokens", 512)   # what these tests were written against
+    config.setdefault("async_scheduling", False)
     scheduler = Scheduler(SchedulerConfig(num_gpu_blocks=num_blocks, block_size=BLOCK,
-                                          max_model_len=256, **config),
+                                          max_model_len=256, policy="fcfs", **config),
                           clock=ManualClock(), kv_connector=connector)
     return scheduler, FakeKVWorker(num_blocks, BLOCK, store=store), connector
 

@@ -113,7 +113,7 @@ async def test_a_request_moves_for_queueing_once_and_never_back() -> None:
     view = MeshView(stale_after_s=60.0, stall_after_s=0.0)
     view.on_heartbeat(queue_beat("e0", num_waiting=3))
     view.on_heartbeat(queue_beat("e1", num_waiting=0))
-    client = MeshClient(FakeBus(), Subjects("test"), "g1", view, 5.0)  # type: ignore[arg-type]
+    client = MeshClient(FakeBus(), Subjects("test"), "g1", view, 5.0, 5.0)  # type: ignore[arg-type]
     recorder = MoveRecorder()
     client.migrator = recorder  # type: ignore[assignment]
     e0 = next(e for e in view.ready_engines() if e.engine_id == "e0")

@@ -134,6 +134,11 @@ def make_scheduler(num_blocks: int = 64, clock: ManualClock | None = None,
                    **config) -> tuple[Scheduler, FakeWorker]:
     config.setdefault("block_size", 4)
     config.setdefault("max_model_len", 256)
+    # What these tests were written against (the product runs 128, priority, async: those
+    # have tests of their own).
+    config.setdefault("max_num_batched_tokens", 512)
+    config.setdefault("policy", "fcfs")
+    config.setdefault("async_scheduling", False)
     scheduler = Scheduler(SchedulerConfig(num_gpu_blocks=num_blocks, **config),
                           clock=clock or ManualClock())
     return scheduler, FakeWorker(num_blocks, config["block_size"])

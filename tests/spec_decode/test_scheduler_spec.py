@@ -20,9 +20,13 @@ def make(num_blocks: int = 64, num_speculative_tokens: int = 3,
          **config) -> tuple[Scheduler, SpecFakeWorker]:
     config.setdefault("block_size", 4)
     config.setdefault("max_model_len", 256)
+    config.setdefault("max_num_batched_tokens", 512)   # what these tests were written against
+    config.setdefault("policy", "fcfs")
+    # As the settings run it: no async scheduling beside speculative decoding.
     scheduler = Scheduler(SchedulerConfig(num_gpu_blocks=num_blocks,
                                           num_speculative_tokens=num_speculative_tokens,
-                                          **config), clock=ManualClock())
+                                          async_scheduling=False, **config),
+                          clock=ManualClock())
     return scheduler, SpecFakeWorker(num_blocks, config["block_size"],
                                      num_speculative_tokens=num_speculative_tokens)
 

@@ -59,13 +59,15 @@ def queue_move_target(here: EngineView, with_room: Sequence[EngineView], num_pro
 
 class MeshClient:
     def __init__(self, bus: Bus, subjects: Subjects, gateway_id: str, view: MeshView,
-                 tokenizer_timeout_s: float, *, migration_timeout_s: float = 30.0,
+                 tokenizer_timeout_s: float, submit_timeout_s: float, *,
+                 migration_timeout_s: float = 30.0,
                  metrics: GatewayMetrics | None = None) -> None:
         self._bus = bus
         self._subjects = subjects
         self.gateway_id = gateway_id
         self._view = view
         self._tokenizer_timeout_s = tokenizer_timeout_s
+        self._submit_timeout_s = submit_timeout_s
         self._generations: dict[str, Generation] = {}
         self._reconnects: dict[str, int] = {}    # instance id -> NATS reconnects it reported
         self._metrics = metrics
@@ -145,7 +147,7 @@ class MeshClient:
         self._view.track(engine_id, +1)
         try:
             reply = await self._bus.request(self._subjects.engine_submit(engine_id), request,
-                                            wire.SubmitReply, timeout=self._tokenizer_timeout_s)
+                                            wire.SubmitReply, timeout=self._submit_timeout_s)
         except BusError as exc:
             self._unregister(generation)
             if isinstance(exc, RequestTimeout):   # it may have been accepted after all
@@ -166,7 +168,7 @@ class MeshClient:
     async def admin(self, engine_id: str, command: str) -> wire.AdminReply:
         return await self._bus.request(self._subjects.engine_admin(engine_id),
                                        wire.AdminRequest(command=command), wire.AdminReply,
-                                       timeout=self._tokenizer_timeout_s)
+                                       timeout=self._submit_timeout_s)
 
     async def abort(self, generations: list[Generation]) -> None:
         """Stops unfinished generations in their engines and drops their tokenizer state."""

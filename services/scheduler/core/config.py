@@ -1,4 +1,9 @@
-"""Scheduler knobs, named as vLLM's SchedulerConfig / CacheConfig where the concept matches."""
+"""Scheduler knobs, named as vLLM's SchedulerConfig / CacheConfig where the concept matches.
+
+The service builds one from its settings (SchedulerSettings.scheduler_config); the defaults
+here are the product's defaults, so an engine core built in a test or a benchmark runs as
+the mesh does unless told otherwise (tests/common/test_settings_sources.py keeps them equal).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ POLICIES = ("fcfs", "priority")
 class SchedulerConfig:
     max_num_seqs: int = 256
     """Most requests in the running batch."""
-    max_num_batched_tokens: int = 512
+    max_num_batched_tokens: int = 128
     """Token budget of one step, decodes and prefill chunks together."""
     max_model_len: int = 2048
     block_size: int = 16
@@ -21,7 +26,7 @@ class SchedulerConfig:
     max_itl_factor: float = 2.0
     """A step carrying decodes takes at most this many times a decode-only step: its prefill
     chunks are sized by the fitted step time (step_time.py). 0: off, prefill fills the budget."""
-    policy: str = "fcfs"
+    policy: str = "priority"
     """"fcfs" or "priority" (lower `priority` value runs first and is preempted last)."""
     max_num_queued_reqs: int | None = None
     """Admission control: most waiting requests (None = unbounded)."""
@@ -38,9 +43,10 @@ class SchedulerConfig:
     """LoRA adapters one step may mix, the worker's slots (0: the engine serves no LoRA)."""
     max_cpu_loras: int = 0
     """Adapters the worker keeps in host memory."""
-    async_scheduling: bool = False
+    async_scheduling: bool = True
     """Schedule step N+1 while step N runs (vLLM's async scheduling): each request sampling
-    in step N is scheduled for the position after it before its token is back."""
+    in step N is scheduled for the position after it before its token is back. Off with
+    speculative decoding (num_speculative_tokens)."""
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:

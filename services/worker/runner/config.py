@@ -1,7 +1,13 @@
-"""What the worker service passes to the model runner, and what the runner reports back."""
+"""What the worker service passes to the model runner, and what the runner reports back.
+
+RunnerConfig is built from the worker's settings (RunnerConfig.from_settings): a field takes
+the setting of the same name, so each knob has one source, and the defaults here are the
+settings' (tests/common/test_settings_sources.py keeps them equal).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -9,8 +15,11 @@ import torch
 
 from services.common.speculative_config import SpeculativeConfig
 from services.worker.models.int8 import check_quantization
+from services.worker.settings import WorkerSettings
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Settings whose 0 means "unset" (a flag has no None); the runner takes None.
+_UNSET_WHEN_ZERO = ("max_model_len", "kv_cache_memory", "num_threads", "max_cpu_loras")
 
 
 @dataclass(frozen=True)
@@ -29,7 +38,7 @@ class RunnerConfig:
     device: str = "auto"                   # auto | cpu | cuda
     attention_backend: str = "auto"        # auto (cuda: triton, cpu: torch) | torch | triton
     max_num_seqs: int = 256
-    max_num_batched_tokens: int = 512
+    max_num_batched_tokens: int = 128
     seed: int = 0
     num_threads: int | None = None         # CPU threads; None: all cores
     enable_cuda_graphs: bool = True        # cuda + triton only: decode steps replay graphs
@@ -41,6 +50,17 @@ class RunnerConfig:
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None       # adapters kept in host memory; None: max_loras
     encoder_cache_size: int = 8192         # vision models: image embedding rows kept (LRU)
+
+    @classmethod
+    def from_settings(cls, settings: WorkerSettings, model_dir: Path) -> RunnerConfig:
+        """The runner's configuration: every field from the setting of its name (a flag's 0,
+        "unset", as None), the speculative config parsed."""
+        names = ({f.name for f in dataclasses.fields(cls)}
+                 & {f.name for f in dataclasses.fields(settings)}) - {"speculative_config"}
+        values = {name: getattr(settings, name) for name in names}
+        for name in _UNSET_WHEN_ZERO:
+            values[name] = values[name] or None
+        return cls(model_dir=model_dir, speculative_config=settings.speculative, **values)
 
     def __post_init__(self) -> None:
         check_quantization(self.quantization, self.device)
