@@ -347,9 +347,13 @@ class Mesh:
                               **child.log_fields, code=child.exited())
                     return False
             ok, services = _mesh_health(self._gateway_url())
-            # Every engine, not only the first the gateway would already serve with.
+            # Every engine, not only the first the gateway would already serve with, and
+            # every other service started here: /health does not wait for a kvstore or a
+            # batch runner it has not heard from yet.
             engines = min(_ready_count(services.get(name, "")) for name in ENGINE_SERVICES)
-            if ok and engines >= self.up.data_parallel_size:
+            others = {child.name for child in self.children} - {"gateway", *ENGINE_SERVICES}
+            if ok and engines >= self.up.data_parallel_size \
+                    and all(_ready_count(services.get(name, "")) for name in others):
                 url = self._gateway_url()
                 log.info("mesh ready", api=f"{url}/v1", health=f"{url}/health",
                          try_it=f"curl {url}/v1/chat/completions -H 'Content-Type: "

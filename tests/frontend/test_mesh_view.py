@@ -31,6 +31,33 @@ def test_health_needs_a_ready_tokenizer_scheduler_and_worker() -> None:
     assert view.health()[0] is True
 
 
+def test_health_needs_every_kvstore_and_batch_kind_that_runs_ready() -> None:
+    view = MeshView(stale_after_s=3.0, clock=Clock())
+    for service, instance in (("tokenizer", "t1"), ("scheduler", "s1"), ("worker", "w1")):
+        view.on_heartbeat(beat(service, instance, engine_id="e0"))
+    ok, detail = view.health()
+    assert ok and "kvstore" not in detail and "batch" not in detail   # none runs: not needed
+    view.on_heartbeat(beat("kvstore", "k1", ready=False))
+    view.on_heartbeat(beat("batch", "b1"))
+    ok, detail = view.health()
+    assert not ok and detail["kvstore"] == "not ready: loading model"
+    assert detail["batch"] == "1 ready"
+    view.on_heartbeat(beat("kvstore", "k1"))
+    assert view.health() == (True, {"tokenizer": "1 ready", "scheduler": "1 ready",
+                                    "worker": "1 ready", "kvstore": "1 ready",
+                                    "batch": "1 ready"})
+
+
+def test_one_ready_instance_of_each_kind_is_enough() -> None:
+    view = MeshView(stale_after_s=3.0, clock=Clock())
+    for service, instance in (("tokenizer", "t1"), ("scheduler", "s1"), ("worker", "w1"),
+                              ("scheduler", "s2"), ("worker", "w2")):
+        view.on_heartbeat(beat(service, instance, engine_id="e" + instance[-1]))
+    view.on_heartbeat(beat("worker", "w2", ready=False, engine_id="e2"))   # restarting
+    ok, detail = view.health()
+    assert ok and detail["worker"] == "1 ready"
+
+
 def test_silent_instances_are_swept_and_engines_picked_by_load() -> None:
     clock = Clock()
     view = MeshView(stale_after_s=3.0, clock=clock)

@@ -11,7 +11,10 @@ from dataclasses import dataclass, field
 from services.common import wire
 from services.common.packing import unpack_int32
 
-SERVICE_KINDS = ("tokenizer", "scheduler", "worker")
+# /health: the request path's services must each have a ready instance; the others, when
+# the mesh runs any.
+REQUIRED_KINDS = ("tokenizer", "scheduler", "worker")
+OPTIONAL_KINDS = ("kvstore", "batch")
 
 
 @dataclass
@@ -203,16 +206,20 @@ class MeshView:
         return least_loaded(producers)
 
     def health(self) -> tuple[bool, dict[str, str]]:
-        """Ready when at least one tokenizer and one engine (scheduler + worker) are ready."""
+        """The mesh's /health: ready when every service it runs is, that is each kind of
+        service has a ready instance: a tokenizer, a scheduler and a worker always, a kvstore
+        node and a batch runner when any runs. One ready instance of a kind is enough (a
+        second engine restarting does not take the whole mesh out of a load balancer); the
+        detail says how many of each are ready, or why none is."""
         detail: dict[str, str] = {}
-        for kind in SERVICE_KINDS:
+        for kind in REQUIRED_KINDS + OPTIONAL_KINDS:
             members = [i for i in self.instances.values() if i.service == kind]
             ready = [i for i in members if i.ready]
             if ready:
                 detail[kind] = f"{len(ready)} ready"
             elif members:
                 detail[kind] = "not ready: " + "; ".join(sorted({i.reason for i in members}))
-            else:
+            elif kind in REQUIRED_KINDS:
                 detail[kind] = "none running"
         ok = all(v.endswith(" ready") and not v.startswith("not") for v in detail.values())
         return ok, detail
