@@ -227,8 +227,14 @@ class ModelRunner:
         if self.cuda_graphs is not None and self.cuda_graphs.can_run(batch):
             return self.cuda_graphs.run(batch)
         attn_metadata = self.attn_backend.build_metadata(batch.attn)
-        inputs_embeds, positions = self._inputs.prepare_inputs(batch, self.model.embed_input_ids)
+        inputs_embeds, positions = self._inputs.prepare_inputs(batch, self._embed_input_ids)
         return self.model.forward(batch.input_ids, positions, attn_metadata, inputs_embeds)
+
+    def _embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Called by the images' hooks only: never under tensor parallelism (whose model has
+        no embedding lookup of its own), which refuses images."""
+        assert isinstance(self.model, LlamaForCausalLM)
+        return self.model.embed_input_ids(input_ids)
 
     @property
     def _max_num_samples(self) -> int:
