@@ -387,7 +387,7 @@ class StepInput(betterproto.Message):
     reset: bool = betterproto.bool_field(9)
     kv_nodes: bytes = betterproto.bytes_field(10)
     """
-    KV connector (scheduler/core/kv_connector.py, services/*/kv/): blocks to move between the KV tensors and
+    KV connector (scheduler/core/kv_connector/, services/*/kv/): blocks to move between the KV tensors and
      the kvstore over gRPC. Block hashes are concatenated, all of one length.
     """
 
