@@ -174,7 +174,8 @@ def scrape(url: str) -> str:
         return response.read().decode()
 
 
-def sum_of(metrics: str, name: str) -> float:
-    """The sum of every series of a Prometheus sample named `name` (all label sets)."""
+def sum_of(metrics: str, name: str, label: str = "") -> float:
+    """The sum of every series of a Prometheus sample named `name` (all label sets, or
+    those holding `label`, e.g. 'hop="back"')."""
     return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-               if line.startswith((f"{name}{{", f"{name} ")))
+               if line.startswith((f"{name}{{", f"{name} ")) and label in line)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import shlex
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.cpu_accounting import cpu_use
@@ -43,25 +44,53 @@ def scrape_services(mesh: RunningMesh, label: str, out_dir: Path) -> None:
         (out_dir / f"{label}.{service}-metrics.txt").write_text(scrape(metrics_url(health)))
 
 
-def step_totals(mesh: RunningMesh) -> tuple[float, float, float]:
-    """(steps, step seconds, messaging seconds) so far, over every engine's scheduler."""
-    steps = step = messaging = 0.0
+HOPS = ("to_worker", "worker", "back", "to_loop")
+
+
+@dataclass(frozen=True)
+class StepTotals:
+    """Every engine's scheduler's step histograms so far: counts and sums in seconds."""
+    steps: float
+    step: float
+    messaging: float
+    hop_steps: float                  # steps that went over the local channel
+    hops: tuple[float, ...]           # the sum of each of HOPS
+
+    def __sub__(self, before: StepTotals) -> StepTotals:
+        return StepTotals(self.steps - before.steps, self.step - before.step,
+                          self.messaging - before.messaging, self.hop_steps - before.hop_steps,
+                          tuple(a - b for a, b in zip(self.hops, before.hops, strict=True)))
+
+
+def step_totals(mesh: RunningMesh) -> StepTotals:
+    totals = StepTotals(0.0, 0.0, 0.0, 0.0, (0.0,) * len(HOPS))
     for service, health in service_health_urls(mesh.log).items():
         if service.split(".")[0] == "scheduler":
             text = scrape(metrics_url(health))
-            steps += sum_of(text, "llm_mesh:engine_step_seconds_count")
-            step += sum_of(text, "llm_mesh:engine_step_seconds_sum")
-            messaging += sum_of(text, "llm_mesh:step_messaging_seconds_sum")
-    return steps, step, messaging
+            hop = "llm_mesh:step_hop_seconds"
+            totals = StepTotals(
+                totals.steps + sum_of(text, "llm_mesh:engine_step_seconds_count"),
+                totals.step + sum_of(text, "llm_mesh:engine_step_seconds_sum"),
+                totals.messaging + sum_of(text, "llm_mesh:step_messaging_seconds_sum"),
+                totals.hop_steps + sum_of(text, f"{hop}_count", 'hop="back"'),
+                tuple(total + sum_of(text, f"{hop}_sum", f'hop="{name}"')
+                      for total, name in zip(totals.hops, HOPS, strict=True)))
+    return totals
 
 
-def step_overhead(before: tuple[float, float, float], after: tuple[float, float, float]) -> str:
-    steps, step, messaging = (a - b for a, b in zip(after, before))
-    if not steps:
+def step_overhead(during: StepTotals) -> str:
+    """The step messaging of a bench, and hop by hop where its steps took the local channel."""
+    if not during.steps:
         return "no steps"
-    return (f"{steps:.0f} steps, step {1e3 * step / steps:.2f} ms mean, step messaging "
-            f"(transport + serialization) {1e3 * messaging / steps:.3f} ms mean = "
-            f"{100 * messaging / step:.1f}% of step time")
+    report = (f"{during.steps:.0f} steps, step {1e3 * during.step / during.steps:.2f} ms mean, "
+              f"step messaging (transport + serialization) "
+              f"{1e3 * during.messaging / during.steps:.3f} ms mean = "
+              f"{100 * during.messaging / during.step:.1f}% of step time")
+    if during.hop_steps:
+        report += "; hops (ms mean): " + ", ".join(
+            f"{name} {1e3 * total / during.hop_steps:.3f}"
+            for name, total in zip(HOPS, during.hops, strict=True))
+    return report
 
 
 def run_config(label: str, up_args: Sequence[str], benches: Sequence[Sequence[str]],
@@ -77,7 +106,7 @@ def run_config(label: str, up_args: Sequence[str], benches: Sequence[Sequence[st
                 results.append(bench_serve(mesh.url, out_dir / f"{label}.{index}.json",
                                            bench_args))
             print(f"{label} bench {index}: {use.report()}", flush=True)
-            print(f"{label} bench {index} steps: {step_overhead(before, step_totals(mesh))}",
+            print(f"{label} bench {index} steps: {step_overhead(step_totals(mesh) - before)}",
                   flush=True)
         scrape_services(mesh, label, out_dir)
     return results

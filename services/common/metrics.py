@@ -16,6 +16,10 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03,
 STEP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075,
                 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 
+# A local step's hops take tens of microseconds.
+HOP_BUCKETS = (0.00001, 0.000025, 0.00005, 0.000075, 0.0001, 0.00015, 0.0002, 0.0003, 0.0005,
+               0.001, 0.002, 0.005, 0.01, 0.05)
+
 ENGINE_LABELS = ("model_name", "engine")
 
 
@@ -78,6 +82,12 @@ class EngineMetrics:
             "llm_mesh:step_messaging_seconds",
             "Per step: worker round trip minus the worker's own time (the step transport and "
             "serialization)", ENGINE_LABELS, buckets=STEP_BUCKETS, registry=registry)
+        self.step_hop_time = Histogram(
+            "llm_mesh:step_hop_seconds",
+            "Per step on the local channel, each hop of its messaging: to_worker (encode, "
+            "write, the worker's read), worker (its decode and encode), back (the answer's "
+            "write and read), to_loop (arrival until the event loop takes it up)",
+            ENGINE_LABELS + ("hop",), buckets=HOP_BUCKETS, registry=registry)
         self.worker_step_transport = Gauge(
             "llm_mesh:worker_step_transport",
             "1 for how steps reach the worker now: local (a socket on this host) or nats",

@@ -6,6 +6,7 @@ from services.common.metrics import EngineMetrics
 from services.scheduler.core.output import EngineCoreOutput, SchedulerStats
 from services.scheduler.core.request import Request
 from services.scheduler.core.spec_decode import SpecDecodingStats
+from services.scheduler.worker_link import StepHops
 
 
 class EngineStats:
@@ -32,6 +33,8 @@ class EngineStats:
         self.worker_call_time = metrics.worker_call_time.labels(*labels)
         self.worker_execute_time = metrics.worker_execute_time.labels(*labels)
         self.messaging_time = metrics.step_messaging_time.labels(*labels)
+        self._hop_times = {hop: metrics.step_hop_time.labels(*labels, hop)
+                           for hop in StepHops.__dataclass_fields__}
         self._step_transport = metrics.worker_step_transport
         self.rejections = metrics.admission_rejections.labels(*labels)
         self._success = metrics.request_success
@@ -116,3 +119,7 @@ class EngineStats:
         self.worker_execute_time.observe(execute_s)
         self.messaging_time.observe(max(0.0, worker_call_s - execute_s))
         self.schedule_time.observe(max(0.0, step_s - worker_call_s))
+
+    def on_step_hops(self, hops: StepHops) -> None:
+        for hop, histogram in self._hop_times.items():
+            histogram.observe(getattr(hops, hop))

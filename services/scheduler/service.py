@@ -75,6 +75,7 @@ class SchedulerService(Service):
         self._losses_in_a_row = 0     # worker restarts with no step completed in between
         self._last_step_done = 0.0    # perf_counter when the last step's result was taken in
         self._last_reply_at = 0.0     # ... when the last step's answer arrived
+        self._worker_free_at = 0.0    # ... when the worker answered it (its clock, local channel)
         self.kv: KVConnectorRuntime | None = None   # kvstore loads / saves, KV events
 
     # ---- lifecycle
@@ -406,6 +407,9 @@ class SchedulerService(Service):
         call_s = reply.received_at - max(reply.sent_at, self._last_reply_at)
         step_s = done - max(sent.started, self._last_step_done)
         self._last_step_done, self._last_reply_at = done, reply.received_at
+        if (hops := reply.hops(self._worker_free_at, done)) is not None:
+            self.stats.on_step_hops(hops)
+            self._worker_free_at = step_output.worker_sent_at
         self._losses_in_a_row = 0
         scheduler_output = sent.output
         outputs = self.scheduler.update_from_output(

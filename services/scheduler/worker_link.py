@@ -40,8 +40,31 @@ class StepFailed(WorkerGone):
 @dataclass(slots=True)
 class StepReply:
     output: wire_pb.StepOutput
-    sent_at: float       # time.perf_counter() when the step went out
+    sent_at: float       # time.perf_counter() when the step went out, before its encoding
     received_at: float   # ... when its answer arrived, before the event loop took it up
+
+    def hops(self, worker_free_at: float, taken_at: float) -> StepHops | None:
+        """Where the step's messaging went, from the worker's clock marks (local channel
+        only: one host, one clock). `worker_free_at`: when the worker answered the step
+        before (a step sent while that one ran waits for it, and that wait is not a hop);
+        `taken_at`: when the event loop took the answer up."""
+        out = self.output
+        if not out.worker_received_at:
+            return None
+        return StepHops(
+            to_worker=out.worker_received_at - max(self.sent_at, worker_free_at),
+            worker=max(0.0, out.worker_sent_at - out.worker_received_at - out.execute_s),
+            back=self.received_at - out.worker_sent_at,
+            to_loop=taken_at - self.received_at)
+
+
+@dataclass(slots=True)
+class StepHops:
+    """A step's messaging, hop by hop (seconds)."""
+    to_worker: float   # encode, write, the worker's read (it waits on its socket)
+    worker: float      # the worker's decode and encode around its execute
+    back: float        # the answer's write and the scheduler's read
+    to_loop: float     # the arrival until the scheduler's event loop takes it up
 
 
 # What a step's answer arrives as: the channel's bytes or NATS's message, and when.
@@ -152,8 +175,8 @@ class WorkerLink:
     def _send(self, step: wire_pb.StepInput, incarnation: int) -> _StepCall:
         if self.transport == "local":
             assert self._channel is not None
-            frame = step.SerializeToString()
             sent_at = time.perf_counter()
+            frame = step.SerializeToString()
             return _StepCall(cast(asyncio.Future[_Arrival], self._channel.send(frame)),
                              incarnation, sent_at)
         reply: asyncio.Future[_Arrival] = asyncio.get_running_loop().create_future()

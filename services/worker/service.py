@@ -100,6 +100,7 @@ class WorkerService(Service):
 
     def _on_local_step(self, loop: asyncio.AbstractEventLoop, frame: bytes) -> bytes:
         """A step from the local channel, in the step thread: no event loop on the way."""
+        received_at = time.perf_counter()
         try:
             step = wire_pb.StepInput.FromString(frame)
             if self._needs_images(step):
@@ -108,6 +109,7 @@ class WorkerService(Service):
             out = wire_pb.StepOutput(error=f"{type(exc).__name__}: {exc}")
         else:
             out = self._run_step(step)
+        out.worker_received_at, out.worker_sent_at = received_at, time.perf_counter()
         return out.SerializeToString()
 
     def _run_step(self, step: wire_pb.StepInput) -> wire_pb.StepOutput:

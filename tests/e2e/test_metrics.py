@@ -76,6 +76,12 @@ def test_metrics_follow_the_traffic(mesh: Mesh, client: openai.OpenAI, model_nam
     # Scheduler and worker share this host: steps cross the local channel, not NATS.
     assert metric_value(engine_after, "llm_mesh:worker_step_transport", transport="local") == 1
     assert metric_value(engine_after, "llm_mesh:worker_step_transport", transport="nats") == 0
+    # ... so every step's messaging is also timed hop by hop, on the one clock of this host.
+    steps = moved(engine_before, engine_after, "llm_mesh:step_messaging_seconds_count")
+    for hop in ("to_worker", "worker", "back", "to_loop"):
+        assert moved(engine_before, engine_after, "llm_mesh:step_hop_seconds_count",
+                     hop=hop) == steps, hop
+        assert moved(engine_before, engine_after, "llm_mesh:step_hop_seconds_sum", hop=hop) > 0
     # The ITL guard's cap on a step's prompt tokens beside decodes (the budget if uncapped).
     assert metric_value(engine_after, "llm_mesh:prefill_token_cap", model_name=model_name) > 0
     tokenizer_after = mesh.services["tokenizer"].get("/metrics")[1].decode()

@@ -14,7 +14,7 @@ import structlog
 from services.common import wire, wire_pb
 from services.common.step_channel import StepChannelServer, host_identity
 from services.common.subjects import Subjects
-from services.scheduler.worker_link import WorkerGone, WorkerLink
+from services.scheduler.worker_link import StepReply, WorkerGone, WorkerLink
 
 
 def link(step_transport: str = "auto") -> WorkerLink:
@@ -68,3 +68,18 @@ async def test_a_step_whose_worker_stops_fails_at_once(channel: StepChannelServe
     with pytest.raises(WorkerGone):
         await worker.execute(wire_pb.StepInput(step=1), incarnation=1)
     assert not worker.is_alive   # it waits for the worker's next start, not a heartbeat lapse
+
+
+def test_step_hops_split_the_messaging_and_leave_out_the_wait_for_the_step_before() -> None:
+    output = wire_pb.StepOutput(execute_s=0.020, worker_received_at=10.030,
+                                worker_sent_at=10.0502)
+    # Sent at 10.000 while the step before ran until 10.0299 on the worker.
+    hops = StepReply(output, sent_at=10.000, received_at=10.0503).hops(
+        worker_free_at=10.0299, taken_at=10.0505)
+    assert hops is not None
+    assert hops.to_worker == pytest.approx(0.0001)
+    assert hops.worker == pytest.approx(0.0002)
+    assert hops.back == pytest.approx(0.0001)
+    assert hops.to_loop == pytest.approx(0.0002)
+    # Over NATS the worker leaves its marks out: another host's clock is not ours.
+    assert StepReply(wire_pb.StepOutput(execute_s=0.02), 1.0, 2.0).hops(0.0, 2.1) is None

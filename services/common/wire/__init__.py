@@ -210,6 +210,12 @@ class EngineInfo(betterproto.Message):
      runs for many steps before its first token, work a router must see beside the queue's.
     """
 
+    is_sleeping: bool = betterproto.bool_field(21)
+    """
+    Sleep mode: the engine released its weights or KV cache (POST /sleep) and refuses
+     requests (503) until woken; routers send requests to awake engines.
+    """
+
 
 @dataclass(eq=False, repr=False)
 class LogprobColumns(betterproto.Message):
@@ -314,12 +320,38 @@ class AbortRequest(betterproto.Message):
 @dataclass(eq=False, repr=False)
 class AdminRequest(betterproto.Message):
     command: str = betterproto.string_field(1)
+    level: int = betterproto.int32_field(2)
+    tags: List[str] = betterproto.string_field(3)
 
 
 @dataclass(eq=False, repr=False)
 class AdminReply(betterproto.Message):
     ok: bool = betterproto.bool_field(1)
     error: str = betterproto.string_field(2)
+    is_sleeping: bool = betterproto.bool_field(3)
+    http_status: int = betterproto.int32_field(4)
+
+
+@dataclass(eq=False, repr=False)
+class SleepRequest(betterproto.Message):
+    """
+    Scheduler -> its worker, sleep mode (--enable-sleep-mode), between steps: release the
+     weights and KV cache, or restore them. Answered with SleepReply.
+    """
+
+    level: int = betterproto.int32_field(1)
+
+
+@dataclass(eq=False, repr=False)
+class WakeUpRequest(betterproto.Message):
+    tags: List[str] = betterproto.string_field(1)
+
+
+@dataclass(eq=False, repr=False)
+class SleepReply(betterproto.Message):
+    error: str = betterproto.string_field(1)
+    sleeping_tags: List[str] = betterproto.string_field(2)
+    seconds: float = betterproto.double_field(3)
 
 
 @dataclass(eq=False, repr=False)
@@ -469,6 +501,14 @@ class StepOutput(betterproto.Message):
     """
 
     num_draft_tokens: bytes = betterproto.bytes_field(18)
+    worker_received_at: float = betterproto.double_field(19)
+    """
+    The hops of a step on the local channel (docs/benchmarks.md §10q): the worker's
+     time.perf_counter() (CLOCK_MONOTONIC, one clock for every process of a host) as it took the
+     step's frame up and as it began to answer. 0 over NATS, where the clocks may differ.
+    """
+
+    worker_sent_at: float = betterproto.double_field(20)
 
 
 @dataclass(eq=False, repr=False)

@@ -58,18 +58,48 @@ class AbortRequest(_message.Message):
     def __init__(self, request_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ...) -> None: ...
 
 class AdminRequest(_message.Message):
-    __slots__ = ("command",)
+    __slots__ = ("command", "level", "tags")
     COMMAND_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
     command: str
-    def __init__(self, command: _Optional[str] = ...) -> None: ...
+    level: int
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, command: _Optional[str] = ..., level: _Optional[int] = ..., tags: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AdminReply(_message.Message):
-    __slots__ = ("ok", "error")
+    __slots__ = ("ok", "error", "is_sleeping", "http_status")
     OK_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    IS_SLEEPING_FIELD_NUMBER: _ClassVar[int]
+    HTTP_STATUS_FIELD_NUMBER: _ClassVar[int]
     ok: bool
     error: str
-    def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+    is_sleeping: bool
+    http_status: int
+    def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ..., is_sleeping: _Optional[bool] = ..., http_status: _Optional[int] = ...) -> None: ...
+
+class SleepRequest(_message.Message):
+    __slots__ = ("level",)
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    level: int
+    def __init__(self, level: _Optional[int] = ...) -> None: ...
+
+class WakeUpRequest(_message.Message):
+    __slots__ = ("tags",)
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tags: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SleepReply(_message.Message):
+    __slots__ = ("error", "sleeping_tags", "seconds")
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    SLEEPING_TAGS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    error: str
+    sleeping_tags: _containers.RepeatedScalarFieldContainer[str]
+    seconds: float
+    def __init__(self, error: _Optional[str] = ..., sleeping_tags: _Optional[_Iterable[str]] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class RequestDeltaBatch(_message.Message):
     __slots__ = ("engine_id", "step", "request_ids", "num_new_tokens", "new_token_ids", "finish_reasons", "finished", "logprobs", "num_cached_tokens", "output_positions")
@@ -174,7 +204,7 @@ class StepInput(_message.Message):
     def __init__(self, step: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequestData, _Mapping]]] = ..., cached_handles: _Optional[bytes] = ..., cached_num_new_blocks: _Optional[bytes] = ..., cached_new_block_ids: _Optional[bytes] = ..., cached_num_computed_tokens: _Optional[bytes] = ..., num_scheduled_tokens: _Optional[bytes] = ..., finished_handles: _Optional[bytes] = ..., reset: _Optional[bool] = ..., kv_nodes: _Optional[bytes] = ..., kv_load_handles: _Optional[bytes] = ..., kv_load_num_blocks: _Optional[bytes] = ..., kv_load_block_ids: _Optional[bytes] = ..., kv_load_block_hashes: _Optional[bytes] = ..., kv_load_node_ids: _Optional[bytes] = ..., kv_save_ids: _Optional[bytes] = ..., kv_save_num_blocks: _Optional[bytes] = ..., kv_save_node_ids: _Optional[bytes] = ..., kv_save_before_forward: _Optional[bytes] = ..., kv_save_block_ids: _Optional[bytes] = ..., kv_save_block_hashes: _Optional[bytes] = ...) -> None: ...
 
 class StepOutput(_message.Message):
-    __slots__ = ("step", "handles", "sampled_token_ids", "logprob_handles", "logprobs", "prompt_logprobs", "error", "execute_s", "kv_loaded_handles", "kv_loaded_num_blocks", "kv_load_failed", "kv_saved_ids", "kv_save_failed", "rejected_handles", "rejected_reasons", "deferred_handles", "draft_handles", "num_draft_tokens")
+    __slots__ = ("step", "handles", "sampled_token_ids", "logprob_handles", "logprobs", "prompt_logprobs", "error", "execute_s", "kv_loaded_handles", "kv_loaded_num_blocks", "kv_load_failed", "kv_saved_ids", "kv_save_failed", "rejected_handles", "rejected_reasons", "deferred_handles", "draft_handles", "num_draft_tokens", "worker_received_at", "worker_sent_at")
     STEP_FIELD_NUMBER: _ClassVar[int]
     HANDLES_FIELD_NUMBER: _ClassVar[int]
     SAMPLED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -193,6 +223,8 @@ class StepOutput(_message.Message):
     DEFERRED_HANDLES_FIELD_NUMBER: _ClassVar[int]
     DRAFT_HANDLES_FIELD_NUMBER: _ClassVar[int]
     NUM_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_RECEIVED_AT_FIELD_NUMBER: _ClassVar[int]
+    WORKER_SENT_AT_FIELD_NUMBER: _ClassVar[int]
     step: int
     handles: bytes
     sampled_token_ids: bytes
@@ -211,7 +243,9 @@ class StepOutput(_message.Message):
     deferred_handles: bytes
     draft_handles: bytes
     num_draft_tokens: bytes
-    def __init__(self, step: _Optional[int] = ..., handles: _Optional[bytes] = ..., sampled_token_ids: _Optional[bytes] = ..., logprob_handles: _Optional[bytes] = ..., logprobs: _Optional[_Union[_common_pb2.LogprobColumns, _Mapping]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[PromptLogprobChunk, _Mapping]]] = ..., error: _Optional[str] = ..., execute_s: _Optional[float] = ..., kv_loaded_handles: _Optional[bytes] = ..., kv_loaded_num_blocks: _Optional[bytes] = ..., kv_load_failed: _Optional[bytes] = ..., kv_saved_ids: _Optional[bytes] = ..., kv_save_failed: _Optional[bytes] = ..., rejected_handles: _Optional[bytes] = ..., rejected_reasons: _Optional[bytes] = ..., deferred_handles: _Optional[bytes] = ..., draft_handles: _Optional[bytes] = ..., num_draft_tokens: _Optional[bytes] = ...) -> None: ...
+    worker_received_at: float
+    worker_sent_at: float
+    def __init__(self, step: _Optional[int] = ..., handles: _Optional[bytes] = ..., sampled_token_ids: _Optional[bytes] = ..., logprob_handles: _Optional[bytes] = ..., logprobs: _Optional[_Union[_common_pb2.LogprobColumns, _Mapping]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[PromptLogprobChunk, _Mapping]]] = ..., error: _Optional[str] = ..., execute_s: _Optional[float] = ..., kv_loaded_handles: _Optional[bytes] = ..., kv_loaded_num_blocks: _Optional[bytes] = ..., kv_load_failed: _Optional[bytes] = ..., kv_saved_ids: _Optional[bytes] = ..., kv_save_failed: _Optional[bytes] = ..., rejected_handles: _Optional[bytes] = ..., rejected_reasons: _Optional[bytes] = ..., deferred_handles: _Optional[bytes] = ..., draft_handles: _Optional[bytes] = ..., num_draft_tokens: _Optional[bytes] = ..., worker_received_at: _Optional[float] = ..., worker_sent_at: _Optional[float] = ...) -> None: ...
 
 class PromptLogprobChunk(_message.Message):
     __slots__ = ("handle", "columns", "is_last_chunk")
