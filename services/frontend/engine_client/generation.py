@@ -19,6 +19,7 @@ class TextDelta:
     num_new_tokens: int
     finish: wire.FinishInfo | None = None
     logprobs: list[wire.TokenLogprobs] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)   # the num_new_tokens ids it adds
 
 
 @dataclass

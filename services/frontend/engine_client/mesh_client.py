@@ -346,10 +346,11 @@ class MeshClient:
             if finish is not None and finish.movable and is_movable(generation):
                 self.migrator.move([generation], finish.error.split(";")[0])
                 continue
-            generation.output_token_ids += token_ids[offsets[i]:offsets[i] + counts[i]]
+            new_token_ids = token_ids[offsets[i]:offsets[i] + counts[i]]
+            generation.output_token_ids += new_token_ids
             generation.num_chars += len(texts[i])
             generation.last_output_at = time.monotonic()
             generation.queue.put_nowait(TextDelta(generation.index, texts[i], counts[i], finish,
-                                                  logprobs.get(request_id, [])))
+                                                  logprobs.get(request_id, []), new_token_ids))
             if finish is not None:
                 self._forget(generation)

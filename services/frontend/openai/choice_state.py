@@ -25,10 +25,12 @@ class ChoiceState:
     text_parts: list[str] = field(default_factory=list)
     num_tokens: int = 0
     finish: wire.FinishInfo | None = None
+    token_ids: list[int] = field(default_factory=list)
 
     def add(self, delta: TextDelta) -> None:
         self.text_parts.append(delta.text)
         self.num_tokens += delta.num_new_tokens
+        self.token_ids += delta.token_ids
         if delta.finish is not None:
             self.finish = delta.finish
 

@@ -98,6 +98,9 @@ class SamplingFields(BaseModel):
     # OpenAI's name for a conversation's cache key: the router keeps it on one engine.
     prompt_cache_key: str | None = Field(None, max_length=MAX_SESSION_ID_CHARS)
     prompt_logprobs: int | None = Field(None, ge=0, le=2**31 - 1)
+    # vLLM's: the prompt's token ids and each choice's output ids beside the text (a streamed
+    # chunk carries its delta's ids), so a trainer needs no re-tokenizing.
+    return_token_ids: bool | None = None
     # Structured outputs (services/frontend/openai/grammar_request.py): OpenAI's field,
     # vLLM's, and vLLM's older guided_* spellings.
     response_format: ResponseFormat | None = None

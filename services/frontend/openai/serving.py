@@ -79,6 +79,14 @@ class OpenAIServing(ABC, Generic[Body, C]):
         """Fields of the non-streamed response beyond OpenAI's (vLLM's prompt_logprobs)."""
         return {}
 
+    def opening_chunk_fields(self) -> dict[str, Any]:
+        """Fields of the opening chunks beyond OpenAI's (chat: vLLM's prompt_token_ids)."""
+        return {}
+
+    def carries_token_ids(self, delta: TextDelta) -> bool:
+        """Whether `delta`'s chunk must go out for its token ids alone (return_token_ids)."""
+        return bool(self.body.return_token_ids and delta.token_ids)
+
     # ---- the shared life of a request
 
     async def respond(self, request: Request) -> JSONResponse | StreamingResponse:
@@ -105,9 +113,13 @@ class OpenAIServing(ABC, Generic[Body, C]):
             if (error := error_of(delta)) is not None:
                 raise error
             self.add(choices[delta.index], delta)
+        choices_json = [self.choice_json(i, c) for i, c in enumerate(choices)]
+        if self.body.return_token_ids:
+            for choice_json, choice in zip(choices_json, choices):
+                choice_json["token_ids"] = choice.token_ids
         return {"id": self.run.request_id, "object": self.object_name,
                 "created": self.run.created, "model": self.body.model,
-                "choices": [self.choice_json(i, c) for i, c in enumerate(choices)],
+                "choices": choices_json,
                 "usage": usage(self.run, choices), **self.response_extras(choices)}
 
     async def _stream(self) -> AsyncIterator[bytes]:
@@ -116,7 +128,7 @@ class OpenAIServing(ABC, Generic[Body, C]):
         keepalive_s = self.ctx.settings.sse_keepalive_s
         try:
             for opening in self.opening_chunk_choices(len(choices)):
-                yield sse(self._chunk([opening]))
+                yield sse(self._chunk([opening]) | self.opening_chunk_fields())
             last_sent = time.monotonic()
             async for delta in self.run.deltas_or_idle(keepalive_s):
                 if delta is not None and (error := error_of(delta)) is not None:
@@ -144,6 +156,8 @@ class OpenAIServing(ABC, Generic[Body, C]):
         self.add(choice, delta)
         if (chunk_choice := self.chunk_choice(delta.index, choice, delta)) is None:
             return None
+        if self.body.return_token_ids:
+            chunk_choice["token_ids"] = delta.token_ids
         return sse(self._chunk([chunk_choice], usage(self.run, choices)
                                if self._continuous_usage else None))
 

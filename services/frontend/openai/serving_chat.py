@@ -122,11 +122,18 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest, ChatChoice]):
             choice.prompt_rows.extend(prompt_rows)
 
     def response_extras(self, choices: list[ChatChoice]) -> dict[str, Any]:
-        if self.body.prompt_logprobs is None:
+        # The choices share one prompt; vLLM answers its logprobs and ids once, beside the
+        # choices.
+        extras = self.opening_chunk_fields()
+        if self.body.prompt_logprobs is not None:
+            rows = next((c.prompt_rows for c in choices if c.prompt_rows), [])
+            extras["prompt_logprobs"] = prompt_logprobs_json(rows)
+        return extras
+
+    def opening_chunk_fields(self) -> dict[str, Any]:
+        if not self.body.return_token_ids:
             return {}
-        # The choices share one prompt; vLLM answers its logprobs once, beside the choices.
-        rows = next((c.prompt_rows for c in choices if c.prompt_rows), [])
-        return {"prompt_logprobs": prompt_logprobs_json(rows)}
+        return {"prompt_token_ids": self.run.prompt_token_ids(0)}   # the chat-templated ids
 
     def _logprobs_field(self, entries: list[dict[str, Any]]) -> dict[str, Any] | None:
         return {"content": entries} if self.num_logprobs is not None else None
@@ -149,7 +156,8 @@ class ChatCompletion(OpenAIServing[ChatCompletionRequest, ChatChoice]):
         assert choice.output is not None
         entries = choice.new_logprobs
         message = choice.output.delta(delta.text, is_last=delta.finish is not None)
-        if not message and delta.finish is None and not entries:
+        if (not message and delta.finish is None and not entries
+                and not self.carries_token_ids(delta)):
             return None
         return {"index": index, "delta": message,
                 "logprobs": self._logprobs_field(entries),

@@ -48,6 +48,7 @@ class CompletionChoice(ChoiceState):
     logprobs: CompletionLogprobs | None = None
     prompt_rows: list[LogprobRow] = field(default_factory=list)
     echoed: bool = False       # the echoed prompt went out with the first streamed chunk
+    sent_prompt_ids: bool = False   # return_token_ids: went out with its first chunk
 
 
 class Completion(OpenAIServing[CompletionRequest, CompletionChoice]):
@@ -145,6 +146,8 @@ class Completion(OpenAIServing[CompletionRequest, CompletionChoice]):
                   "stop_reason": stop_reason(choice.finish)}
         if self.body.prompt_logprobs is not None:
             output["prompt_logprobs"] = prompt_logprobs_json(choice.prompt_rows)
+        if self.body.return_token_ids:   # vLLM's: on the choice, as each has its own prompt
+            output["prompt_token_ids"] = self.run.prompt_token_ids(self._prompt_index(index))
         return output
 
     def chunk_choice(self, index: int, choice: CompletionChoice,
@@ -154,12 +157,16 @@ class Completion(OpenAIServing[CompletionRequest, CompletionChoice]):
             text = self._echo_text(index) + text
             choice.echoed = True
         chunk_logprobs = choice.logprobs.take() if choice.logprobs is not None else None
-        if not text and delta.finish is None and not (chunk_logprobs and
-                                                      chunk_logprobs["tokens"]):
+        if (not text and delta.finish is None and not (chunk_logprobs and chunk_logprobs["tokens"])
+                and not self.carries_token_ids(delta)):
             return None
-        return {"index": index, "text": text, "logprobs": chunk_logprobs,
-                "finish_reason": finish_reason(delta.finish),
-                "stop_reason": stop_reason(delta.finish)}
+        output = {"index": index, "text": text, "logprobs": chunk_logprobs,
+                  "finish_reason": finish_reason(delta.finish),
+                  "stop_reason": stop_reason(delta.finish)}
+        if self.body.return_token_ids and not choice.sent_prompt_ids:
+            output["prompt_token_ids"] = self.run.prompt_token_ids(self._prompt_index(index))
+            choice.sent_prompt_ids = True
+        return output
 
 
 async def create_completion(body: CompletionRequest, ctx: FrontendContext,
