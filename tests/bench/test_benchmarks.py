@@ -47,6 +47,16 @@ def test_sum_of_adds_every_series_of_one_sample() -> None:
     assert sum_of(text, "llm_mesh:x_total") == 3.5
     assert sum_of(text, "llm_mesh:y") == 7
     assert sum_of(text, "llm_mesh:absent") == 0
+    assert sum_of(text, "llm_mesh:x_total", 'a="2"') == 1
+
+
+def test_the_step_plane_bench_times_the_codec_and_a_channel_round_trip(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import step_plane
+    step_plane.main(["--rows", "2", "--steps", "20"])
+    out = capsys.readouterr().out
+    assert "| channel round trip |" in out
+    assert "2 rows: a step's codec" in out
 
 
 def test_the_mesh_log_gives_each_service_health_url(tmp_path: Path) -> None:
