@@ -72,6 +72,13 @@ class Subjects:
     def worker_hello(self, engine_id: str) -> str:
         return f"{self.namespace}.engine.{engine_id}.worker.hello"
 
+    # Sleep mode (--enable-sleep-mode): release / restore the weights and KV cache.
+    def worker_sleep(self, engine_id: str) -> str:
+        return f"{self.namespace}.engine.{engine_id}.worker.sleep"
+
+    def worker_wake_up(self, engine_id: str) -> str:
+        return f"{self.namespace}.engine.{engine_id}.worker.wake_up"
+
     # KV cache events (docs/kvstore.md): engines and kvstore nodes -> any subscriber, on a
     # JetStream stream with bounded retention; a subscriber that sees a gap asks the
     # publisher for a snapshot (request/reply).

@@ -22,6 +22,7 @@ from services.scheduler.delta_publisher import DeltaPublisher
 from services.scheduler.engine_stats import EngineStats
 from services.scheduler.kv.connector_runtime import KVConnectorRuntime
 from services.scheduler.settings import SchedulerSettings
+from services.scheduler.sleep_control import SLEEP_COMMANDS, SleepControl
 from services.scheduler.step_codec import decode_step_output, encode_step_input
 from services.scheduler.worker_link import StepFailed, StepReply, WorkerGone, WorkerLink
 
@@ -77,6 +78,7 @@ class SchedulerService(Service):
         self._last_reply_at = 0.0     # ... when the last step's answer arrived
         self._worker_free_at = 0.0    # ... when the worker answered it (its clock, local channel)
         self.kv: KVConnectorRuntime | None = None   # kvstore loads / saves, KV events
+        self.sleep: SleepControl | None = None      # sleep mode's admin commands
 
     # ---- lifecycle
 
@@ -91,14 +93,16 @@ class SchedulerService(Service):
         self.kv = KVConnectorRuntime(self.settings, bus, self.subjects, self.instance_id,
                                      self.metrics, self.log)
         await self.kv.start()
+        self.sleep = SleepControl(bus, self.subjects, self.engine_id, self.log)
         # NOTE: parsed by upb: what the worker needs of a request (sampling, adapter,
         # images) then travels in its first step without a betterproto round trip.
         await bus.serve(self.subjects.engine_submit(self.engine_id), wire_pb.GenerateRequest,
                         self.on_submit)
         await bus.subscribe(self.subjects.engine_abort(self.engine_id), wire.AbortRequest,
                             self.on_abort)
+        # NOTE: concurrent: a sleep waits for the requests in flight; is_sleeping must not.
         await bus.serve(self.subjects.engine_admin(self.engine_id), wire.AdminRequest,
-                        self.on_admin)
+                        self.on_admin, concurrent=True)
         self.background.spawn(self._run_steps(), name="step loop")
 
     def readiness(self) -> tuple[bool, str]:
@@ -128,6 +132,7 @@ class SchedulerService(Service):
             info.prefix_cache_queries = stats.prefix_cache_queries
             info.prefix_cache_hits = stats.prefix_cache_hits
             info.num_preemptions = stats.num_preemptions
+            info.is_sleeping = self.sleep is not None and self.sleep.is_sleeping
             if self.scheduler.loras is not None:
                 info.max_loras = self.scheduler.loras.max_loras
                 info.lora_ids = pack_int32(self.scheduler.loras.held)
@@ -147,6 +152,12 @@ class SchedulerService(Service):
         while self.scheduler is not None and self.scheduler.has_unfinished_requests():
             await asyncio.sleep(0.05)
 
+    async def _until_idle(self) -> None:
+        """Until no request is in flight, nor any KV transfer of one (sleep mode)."""
+        while self.scheduler is not None and (self.scheduler.has_unfinished_requests()
+                                              or self._has_kv_transfers()):
+            await asyncio.sleep(0.05)
+
     async def close(self) -> None:
         if self.kv is not None:
             await self.kv.close()
@@ -164,6 +175,8 @@ class SchedulerService(Service):
         if self.scheduler is None or self.worker is None or not self.worker.is_ready:
             return wire.SubmitReply(http_status=503, error="the engine is not ready",
                                     error_code="engine_not_ready", retry_after_s=1.0)
+        if self.sleep is not None and self.sleep.refuses_requests:
+            return self.sleep.refusal()
         try:
             request = self._make_request(message)
             scheduler = self.scheduler
@@ -223,12 +236,23 @@ class SchedulerService(Service):
         self._has_work.set()
 
     async def on_admin(self, message: wire.AdminRequest) -> wire.AdminReply:
+        if message.command in SLEEP_COMMANDS and self.sleep is not None:
+            if self.scheduler is None or self.worker is None or not self.worker.is_ready:
+                return wire.AdminReply(ok=False, error="the engine is not ready", http_status=503)
+            return await self.sleep.on_admin(message, self._until_idle, self._forget_kv)
         if message.command == "reset_prefix_cache":
             if self.scheduler is None:
                 return wire.AdminReply(ok=False, error="the engine is not ready")
             ok = self.scheduler.reset_prefix_cache()
             return wire.AdminReply(ok=ok, error="" if ok else "blocks are in use; retry when idle")
         return wire.AdminReply(ok=False, error=f"unknown command {message.command!r}")
+
+    def _forget_kv(self) -> None:
+        """The worker dropped its KV cache: no block holds what its hash says any more."""
+        self._reset_worker_rows = True
+        if self.scheduler is not None and not self.scheduler.reset_prefix_cache():
+            # NOTE: never expected: the sleep waited for every request to finish.
+            self.log.error("prefix cache not reset after sleep: blocks are in use")
 
     # ---- the step loop
 
@@ -279,6 +303,8 @@ class SchedulerService(Service):
             return await self.worker.wait_ready()
 
     async def _attach_worker(self, info: wire.WorkerInfo) -> None:
+        if self.sleep is not None:
+            self.sleep.on_worker_joined()
         if self.kv is not None:
             self.kv.on_worker_info(info)
         if self.scheduler is None:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
+from typing import TypeVar
 
 from services.common import wire, wire_pb
 from services.common.kv_data_plane import client_tls
@@ -21,10 +23,12 @@ from services.common.step_channel import StepChannelServer, host_identity
 from services.worker.kv.connector import WorkerKVConnector
 from services.worker.kv.transfer import KVTransferThread
 from services.worker.runner.model_runner import ModelRunner, RunnerConfig
+from services.worker.runner.sleep_mode import SleepMode, SleepModeError
 from services.worker.runner.warm_up import warm_up
 from services.worker.settings import WorkerSettings
 
 GIL_SWITCH_INTERVAL_S = 0.0002
+T = TypeVar("T")
 
 
 class WorkerService(Service):
@@ -47,8 +51,14 @@ class WorkerService(Service):
         # that come over NATS run there too (step_channel.py says why one thread).
         self._step_channel: StepChannelServer | None = None
         self._mm_inputs: MultiModalInputs | None = None   # vision models: preprocessed images
+        self.sleep_mode: SleepMode | None = None   # with --enable-sleep-mode
 
     async def setup(self) -> None:
+        if self.settings.enable_sleep_mode and (self.settings.tensor_parallel_size > 1
+                                                or self.settings.enable_lora):
+            # NOTE: other ranks' processes hold their shards; adapters are set into the model.
+            raise ValueError("--enable-sleep-mode works with one rank and no LoRA (not with "
+                             "--tensor-parallel-size > 1 or --enable-lora)")
         with self.startup.phase("model files"):
             files = await asyncio.to_thread(resolve_model, self.settings.model)
         self.log.info("loading model", model=str(files.source), dtype=self.settings.dtype)
@@ -77,6 +87,12 @@ class WorkerService(Service):
             self._open_step_channel(asyncio.get_running_loop())
         await bus.serve(self.subjects.worker_info(self.settings.engine_id),
                         wire.WorkerInfoRequest, self.on_info_request)
+        if self.settings.enable_sleep_mode:
+            self.sleep_mode = SleepMode(self.runner)
+            await bus.serve(self.subjects.worker_sleep(self.settings.engine_id),
+                            wire.SleepRequest, self.on_sleep)
+            await bus.serve(self.subjects.worker_wake_up(self.settings.engine_id),
+                            wire.WakeUpRequest, self.on_wake_up)
         await bus.publish(self.subjects.worker_hello(self.settings.engine_id), self.worker_info())
 
     def _open_step_channel(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -156,10 +172,36 @@ class WorkerService(Service):
         channel."""
         if self._needs_images(step):
             await self._fetch_images(step)
-        run = partial(self._run_step, step)
+        return await self._in_step_thread(partial(self._run_step, step))
+
+    async def _in_step_thread(self, call: Callable[[], T]) -> T:
+        """Runs `call` where steps run, in order with them."""
         if self._step_channel is not None:
-            return await asyncio.wrap_future(self._step_channel.call(run))
-        return await asyncio.get_running_loop().run_in_executor(self._executor, run)
+            return await asyncio.wrap_future(self._step_channel.call(call))
+        return await asyncio.get_running_loop().run_in_executor(self._executor, call)
+
+    # ---- sleep mode (--enable-sleep-mode): its scheduler sends no step meanwhile
+
+    async def on_sleep(self, message: wire.SleepRequest) -> wire.SleepReply:
+        assert self.sleep_mode is not None
+        return await self._sleep_mode_call(partial(self.sleep_mode.sleep, message.level))
+
+    async def on_wake_up(self, message: wire.WakeUpRequest) -> wire.SleepReply:
+        assert self.sleep_mode is not None
+        return await self._sleep_mode_call(partial(self.sleep_mode.wake_up, message.tags))
+
+    async def _sleep_mode_call(self, call: Callable[[], float]) -> wire.SleepReply:
+        assert self.sleep_mode is not None
+        reply = wire.SleepReply()
+        try:
+            reply.seconds = await self._in_step_thread(call)
+        except SleepModeError as exc:
+            reply.error = str(exc)
+        except Exception as exc:  # noqa: BLE001 - the caller learns why; the worker stays
+            self.log.exception("sleep mode call failed")
+            reply.error = f"{type(exc).__name__}: {exc}"
+        reply.sleeping_tags = sorted(self.sleep_mode.sleeping)
+        return reply
 
     def _needs_images(self, step: wire_pb.StepInput) -> bool:
         return self._mm_inputs is not None and any(new.mm_items for new in step.new_requests)

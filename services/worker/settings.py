@@ -42,6 +42,9 @@ class WorkerSettings(CommonSettings, EngineSettings, KVTLSSettings):
     max_lora_rank: int = setting(16, "With --enable-lora: the largest adapter rank accepted")
     max_cpu_loras: int = setting(0, "With --enable-lora: adapters kept in host memory, least "
                                  "recently used dropped first (0: --max-loras)")
+    enable_sleep_mode: bool = setting(False, "Sleep mode (POST /sleep, /wake_up): the worker "
+                                      "may release its weights and KV cache between uses, as "
+                                      "an RL trainer sharing the machine asks")
     encoder_cache_size: int = setting(8192, "Vision models: image embeddings kept by content "
                                       "hash, in embedding rows (least recently used dropped)")
     grammar_cache_size: int = setting(64, "Structured outputs: compiled grammars kept (LRU), "

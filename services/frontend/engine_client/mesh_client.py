@@ -165,10 +165,14 @@ class MeshClient:
                 reply.scheduler_id)
             generation.scheduler_id = reply.scheduler_id
 
-    async def admin(self, engine_id: str, command: str) -> wire.AdminReply:
+    async def admin(self, engine_id: str, command: str, *, level: int = 0,
+                    tags: Sequence[str] = (), timeout_s: float | None = None
+                    ) -> wire.AdminReply:
+        """An admin command to one engine's scheduler; `level` and `tags` are sleep mode's."""
         return await self._bus.request(self._subjects.engine_admin(engine_id),
-                                       wire.AdminRequest(command=command), wire.AdminReply,
-                                       timeout=self._submit_timeout_s)
+                                       wire.AdminRequest(command=command, level=level,
+                                                         tags=list(tags)), wire.AdminReply,
+                                       timeout=timeout_s or self._submit_timeout_s)
 
     async def abort(self, generations: list[Generation]) -> None:
         """Stops unfinished generations in their engines and drops their tokenizer state."""

@@ -54,6 +54,7 @@ class EngineView:
     max_num_seqs: int = 0        # 0: not reported
     max_loras: int = 0           # LoRA adapters a step may mix; 0: the engine serves none
     lora_ids: frozenset[int] = frozenset()   # adapters its worker holds in memory
+    is_sleeping: bool = False    # sleep mode: it refuses requests until woken
 
     @property
     def can_start_another(self) -> bool:
@@ -171,7 +172,7 @@ class MeshView:
                 num_running_prefill_tokens=info.num_running_prefill_tokens,
                 max_num_seqs=info.max_num_seqs, max_loras=info.max_loras,
                 lora_ids=(frozenset(unpack_int32(info.lora_ids).tolist()) if info.lora_ids
-                          else frozenset())))
+                          else frozenset()), is_sleeping=info.is_sleeping))
         return engines
 
     def models(self) -> dict[str, int]:
@@ -190,9 +191,10 @@ class MeshView:
 
     def candidate_engines(self, model: str, avoid: Collection[str] = ()) -> list[EngineView]:
         """The ready engines serving `model` a request may go to (none of `avoid`):
-        prefill-only producers aside while another engine can decode, stalled engines only
-        when every other one is."""
+        prefill-only producers aside while another engine can decode, stalled or sleeping
+        engines only when every other one is (a sleeping one then refuses it with a 503)."""
         engines = [e for e in self.ready_engines(model) if e.engine_id not in avoid]
+        engines = [e for e in engines if not e.is_sleeping] or engines
         decoders = [e for e in engines if e.kv_role != "producer"] or engines
         return [e for e in decoders if not e.is_stalled] or decoders
 

@@ -16,7 +16,7 @@ import structlog
 import torch
 
 from services.worker.attention.backend import KVCache
-from services.worker.kv.kv_prefault import prefault_in_background
+from services.worker.kv.kv_prefault import prefault_in_background, release_pages
 
 log = structlog.get_logger(__name__)
 
@@ -116,6 +116,29 @@ def allocate_kv_caches(spec: KVCacheSpec, num_blocks: int,
     return [KVCache(key=storage[i, 0], value=storage[i, 1],
                     k_scale_tensor=scales[i, 0:1], v_scale_tensor=scales[i, 1:2])
             for i in range(spec.num_layers)]
+
+
+def release_kv_caches(kv_caches: list[KVCache]) -> None:
+    """Sleep mode: gives the cache's memory back; its contents are lost. The tensors stay
+    (the model and the KV connector hold views of them): on CPU the kernel takes their pages,
+    on an accelerator their storage shrinks to nothing until restore_kv_caches()."""
+    storage = kv_caches[0].key.untyped_storage()   # one storage for every layer
+    if storage.device.type == "cpu":
+        release_pages(storage)
+    else:
+        storage.resize_(0)
+        torch.cuda.empty_cache()
+
+
+def restore_kv_caches(kv_caches: list[KVCache], spec: KVCacheSpec, num_blocks: int) -> None:
+    """Memory for a released cache again, zero-filled (allocate_kv_caches says why)."""
+    storage = kv_caches[0].key.untyped_storage()
+    if storage.device.type == "cpu":
+        return   # its pages come back zeroed as they are touched
+    storage.resize_(num_blocks * spec.bytes_per_block)
+    for cache in kv_caches:
+        cache.key.zero_()
+        cache.value.zero_()
 
 
 def accelerator_kv_budget(gpu_memory_utilization: float, total_bytes: int,

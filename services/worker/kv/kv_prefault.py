@@ -26,7 +26,8 @@ import torch
 
 log = structlog.get_logger(__name__)
 
-MADV_POPULATE_WRITE = 23   # linux/mman.h
+MADV_DONTNEED = 4          # linux/mman.h
+MADV_POPULATE_WRITE = 23
 _CHUNK_BYTES = 2 << 20     # per region per call: one huge page
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -66,6 +67,18 @@ def prefault(storage: torch.Tensor, num_regions: int) -> bool:
                     return False
                 raise OSError(error, os.strerror(error))
     return True
+
+
+def release_pages(storage: torch.UntypedStorage) -> None:
+    """Sleep mode: hands the pages of a CPU storage back to the kernel (MADV_DONTNEED); the
+    tensors stay valid and read zeros when next touched, as the lazily mapped cache does at
+    start-up. Only the whole pages inside it go: partial ones may be a neighbour's. Where
+    the kernel cannot, the pages stay (the memory is not given back; nothing breaks)."""
+    madvise = _madvise()
+    first = -(-storage.data_ptr() // _PAGE) * _PAGE
+    end = (storage.data_ptr() + storage.nbytes()) // _PAGE * _PAGE
+    if madvise is not None and end > first:
+        madvise(first, end - first, MADV_DONTNEED)
 
 
 def lowest_priority(thread_id: int) -> None:

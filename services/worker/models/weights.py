@@ -44,7 +44,13 @@ class WeightSource:
             tensor = self.quantization.dequantize(self, name)
         else:
             tensor = self._read(name)
-        return tensor.to(device=self.device, dtype=dtype or self.dtype).contiguous()
+        converted = tensor.to(device=self.device, dtype=dtype or self.dtype).contiguous()
+        if converted.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr():
+            # NOTE: read as stored, it is a view of the file's whole mapping, which one kept
+            # norm weight would keep mapped (in the RSS: 538 MB for SmolLM2) for good; and
+            # behind sleep mode's level-1 copy (a memfd), that memory cannot be reclaimed.
+            return converted.clone()
+        return converted
 
     def get_fused(self, names: list[str], dtype: torch.dtype | None = None) -> torch.Tensor:
         """Tensors concatenated along dim 0: q/k/v into one qkv weight, gate/up into one."""

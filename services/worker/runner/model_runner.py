@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import structlog
@@ -110,15 +112,9 @@ class ModelRunner:
             self.lora = RunnerLora(enable_lora(self.model, config.max_loras,
                                                config.max_lora_rank, config.max_cpu_loras))
         self.cuda_graphs: CudaGraphRunner | None = None
-        # NOTE: no graphs with LoRA (the token -> slot mapping is not in a captured buffer) nor
-        # images (input embeddings and M-RoPE positions are not either).
-        if (self.device.type == "cuda" and config.enable_cuda_graphs and self.lora is None
-                and self.attn_backend.name == "triton" and self.parallel is None
-                and self.multimodal is None):
-            self.cuda_graphs = CudaGraphRunner(self.model, self.attn_backend, config.max_num_seqs,
-                                               self.max_num_blocks_per_req, self.device)
+        if self.device.type == "cuda":
             with startup.phase("CUDA graphs"):
-                self.cuda_graphs.capture()
+                self._capture_cuda_graphs()
         self.info = RunnerInfo(num_blocks=num_blocks, block_size=config.block_size,
                                max_model_len=self.max_model_len,
                                vocab_size=model_config.vocab_size,
@@ -230,6 +226,30 @@ class ModelRunner:
         inputs_embeds, positions = self._inputs.prepare_inputs(batch, self._embed_input_ids)
         return self.model.forward(batch.input_ids, positions, attn_metadata, inputs_embeds)
 
+    def _capture_cuda_graphs(self) -> None:
+        # NOTE: no graphs with LoRA (the token -> slot mapping is not in a captured buffer) nor
+        # images (input embeddings and M-RoPE positions are not either).
+        config = self.config
+        if (self.device.type == "cuda" and config.enable_cuda_graphs and self.lora is None
+                and self.attn_backend.name == "triton" and self.parallel is None
+                and self.multimodal is None):
+            self.cuda_graphs = CudaGraphRunner(self.model, self.attn_backend, config.max_num_seqs,
+                                               self.max_num_blocks_per_req, self.device)
+            self.cuda_graphs.capture()
+
+    # ---- sleep mode (runner/sleep_mode.py): the model's weights go and come back
+
+    def release_model(self) -> None:
+        """Drops every reference to the model's weights (the CUDA graphs hold them too)."""
+        del self.model
+        self.cuda_graphs = None
+
+    def load_model(self, model_dir: Path) -> None:
+        """Builds the model anew from `model_dir`'s weights, over the same KV cache."""
+        self.model = self._load_model(model_dir)
+        self.model.bind_kv_caches(self.kv_caches)
+        self._capture_cuda_graphs()
+
     def _embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Called by the images' hooks only: never under tensor parallelism (whose model has
         no embedding lookup of its own), which refuses images."""
@@ -242,12 +262,12 @@ class ModelRunner:
         spec = self.config.speculative_config
         return self.config.max_num_seqs * (1 + (spec.num_speculative_tokens if spec else 0))
 
-    def _load_model(self) -> LlamaForCausalLM | TensorParallelModel:
-        weights = weight_source(self.config, self.model_config, self.device)
+    def _load_model(self, model_dir: Path | None = None) -> LlamaForCausalLM | TensorParallelModel:
+        config = self.config if model_dir is None else replace(self.config, model_dir=model_dir)
+        weights = weight_source(config, self.model_config, self.device)
         if self.parallel is not None:
-            return self.parallel.build(self.config, weights, self.attn_backend,
-                                       self.max_model_len)
-        return load_model(self.config, self.model_config, weights, self.attn_backend,
+            return self.parallel.build(config, weights, self.attn_backend, self.max_model_len)
+        return load_model(config, self.model_config, weights, self.attn_backend,
                           self.max_model_len)
 
     def close(self) -> None:
