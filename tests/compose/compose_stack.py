@@ -37,7 +37,8 @@ def require_docker() -> None:
     info = run(["docker", "info", "--format", "{{.ServerVersion}}"], 30)
     assert info.returncode == 0, (
         f"no Docker engine answers ({info.stderr.strip()}): install one "
-        f"(apt-get install -y docker.io; debootstrap too where the stand-ins are built) and start it (dockerd &, as root)")
+        f"(apt-get install -y docker.io; debootstrap too where the stand-ins are built) and "
+        f"start it (dockerd &, as root)")
 
 
 def _has_image(image: str) -> bool:
