@@ -98,7 +98,8 @@ void accumulate_item(const Args& a, const int32_t* it, Scratch& sc) {
   const int kv0 = it[kKvBegin], kv1 = it[kKvEnd];
   const int rows = (it[kQEnd] - q0) * G;
   // Rows in lanes once they fill most of a vector (prefill tiles); padded rows are zero queries.
-  const bool by_cols = rows > kVec / 2;
+  // NOTE: the two ways sum in other orders, so --batch-invariant takes columns at any height.
+  const bool by_cols = a.batch_invariant || rows > kVec / 2;
   const int rows_p = by_cols ? (rows + kVec - 1) / kVec * kVec : rows;
   // A row sees keys up to its own position, and none past this item's key range; none at or
   // before its position - window either (lo), so keys start at the first row's first one.
@@ -240,7 +241,7 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                      const at::Tensor& value_cache, const at::Tensor& block_table,
                      const at::Tensor& items, const at::Tensor& merges,
                      at::Tensor& partials, double scale, double k_scale, double v_scale,
-                     int64_t sliding_window, double soft_cap) {
+                     int64_t sliding_window, double soft_cap, bool batch_invariant) {
   TORCH_CHECK(sliding_window >= 0 && soft_cap >= 0, "sliding_window and soft_cap: 0 = none");
   TORCH_CHECK(query.dim() == 3 && query.stride(2) == 1 && query.stride(1) == query.size(2),
               "query must be [T, Hq, D] with contiguous heads");
@@ -270,7 +271,7 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
          partials.numel() ? partials.data_ptr<float>() : nullptr,
          sliding_window > 0 ? static_cast<int>(std::min<int64_t>(sliding_window, kNoWindow))
                             : kNoWindow,
-         static_cast<float>(soft_cap)};
+         static_cast<float>(soft_cap), batch_invariant};
   switch (head_dim / kVec) {
     case 1: return run_all<1>(a, items, merges);
     case 2: return run_all<2>(a, items, merges);

@@ -25,6 +25,7 @@ struct Args {
   float* partials;
   int window;      // kNoWindow: none
   float soft_cap;  // 0: none
+  bool batch_invariant;  // fp32 items: one way for every item height (attention.cpp)
 };
 
 constexpr int kNoWindow = 1 << 30;

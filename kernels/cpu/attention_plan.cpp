@@ -11,6 +11,10 @@
 // among short ones does not leave a thread idle at the end.
 // With a sliding window (layers that have one get a plan of their own) key ranges start at the
 // first key the item's first query still sees: a decode reads and splits only its window.
+// With batch_invariant (--batch-invariant), a token's result must not depend on its batchmates
+// or its chunk: decode splits (sized by the step's decode work) would change its sums' order,
+// and a decode item runs another kernel than a prefill tile (a prompt chunk of one token would
+// be a "decode"); so every query token goes into per-KV-head prefill tiles, never split.
 #include "attention.h"
 
 #include <ATen/ops/empty.h>
@@ -30,7 +34,7 @@ constexpr int kItemsPerThread = 8; // aim for this many decode splits per thread
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_plan(
     const at::Tensor& query_start_loc, const at::Tensor& seq_lens, int64_t num_kv_heads,
-    int64_t group, int64_t head_dim, int64_t sliding_window) {
+    int64_t group, int64_t head_dim, int64_t sliding_window, bool batch_invariant) {
   TORCH_CHECK(sliding_window >= 0, "sliding_window: 0 = none");
   // The first key a query at `pos` sees.
   auto first_key = [&](int pos) {
@@ -51,7 +55,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_plan(
     if (qsl[r + 1] - qsl[r] == 1) decode_keys += lens[r] - first_key(lens[r] - 1);
   }
   int64_t split = std::numeric_limits<int32_t>::max();
-  if (num_parts > 1) {
+  if (num_parts > 1 && !batch_invariant) {
     split = std::max<int64_t>(
         kMinSplit, round_up(decode_keys / (kItemsPerThread * num_parts) + 1, kVec));
   }
@@ -69,7 +73,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_plan(
     TORCH_CHECK(q_len <= seq_len, "request ", r, " has more query tokens than its seq_len");
     if (q_len == 0) continue;
     const int first_pos = seq_len - q_len;  // position of the chunk's first query token
-    if (q_len == 1) {
+    if (q_len == 1 && !batch_invariant) {
       const int lo = first_key(first_pos);
       const int num_splits = static_cast<int>((seq_len - lo + split - 1) / split);
       if (num_splits <= 1) {

@@ -13,12 +13,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Whether paged_attention has a kernel for this head size.");
   m.def("attention_plan", &mesh_cpu::attention_plan, "query_start_loc"_a, "seq_lens"_a,
         "num_kv_heads"_a, "group"_a, "head_dim"_a, "sliding_window"_a = 0,
+        "batch_invariant"_a = false,
         "A step's attention work, built once and shared by every layer: (items, merges, "
         "partials). Items cut requests x KV heads into query tiles (prefill) or KV splits "
-        "(long decodes), largest first; torch's threads take them as each frees up.");
+        "(long decodes), largest first; torch's threads take them as each frees up. "
+        "batch_invariant: every query token is a tile of the prefill kernel, never split.");
   m.def("paged_attention", &mesh_cpu::paged_attention, "out"_a, "query"_a, "key_cache"_a,
         "value_cache"_a, "block_table"_a, "items"_a, "merges"_a, "partials"_a,
         "scale"_a, "k_scale"_a, "v_scale"_a, "sliding_window"_a = 0, "soft_cap"_a = 0.0,
+        "batch_invariant"_a = false,
         "Causal varlen attention of query [T, Hq, D] over each request's paged context "
         "(its cached prefix and this step's keys), read in place through the block table. "
         "sliding_window > 0: a query at p sees keys p - window < j <= p; soft_cap > 0: "

@@ -14,13 +14,13 @@ bool supports_head_dim(int64_t head_dim);
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_plan(
     const at::Tensor& query_start_loc, const at::Tensor& seq_lens, int64_t num_kv_heads,
-    int64_t group, int64_t head_dim, int64_t sliding_window);
+    int64_t group, int64_t head_dim, int64_t sliding_window, bool batch_invariant);
 
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                      const at::Tensor& value_cache, const at::Tensor& block_table,
                      const at::Tensor& items, const at::Tensor& merges,
                      at::Tensor& partials, double scale, double k_scale, double v_scale,
-                     int64_t sliding_window, double soft_cap);
+                     int64_t sliding_window, double soft_cap, bool batch_invariant);
 
 void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,
                        at::Tensor& value_cache, const at::Tensor& slot_mapping, double k_scale,

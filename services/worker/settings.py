@@ -45,6 +45,9 @@ class WorkerSettings(CommonSettings, EngineSettings, KVTLSSettings):
     enable_sleep_mode: bool = setting(False, "Sleep mode (POST /sleep, /wake_up): the worker "
                                       "may release its weights and KV cache between uses, as "
                                       "an RL trainer sharing the machine asks")
+    batch_invariant: bool = setting(False, "CPU kernels: each request's tokens and logprobs "
+                                    "bitwise the same whatever its batchmates and chunking "
+                                    "(fixed reduction orders; costs speed, docs/benchmarks.md 17)")
     encoder_cache_size: int = setting(8192, "Vision models: image embeddings kept by content "
                                       "hash, in embedding rows (least recently used dropped)")
     grammar_cache_size: int = setting(64, "Structured outputs: compiled grammars kept (LRU), "

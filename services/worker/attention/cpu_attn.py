@@ -48,6 +48,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
         self.ops = ops if ops is not None and ops.supports_head_dim(head_dim) else None
         # NOTE: the start line names what runs: the torch ops where no kernel fits the head size.
         self.name = "cpu" if self.ops is not None else "torch"
+        # --batch-invariant (runner/batch_invariance.py): every query token in prefill tiles.
+        self.batch_invariant = False
 
     def build_metadata(self, common: CommonAttentionMetadata) -> Any:
         if self.ops is None:
@@ -69,7 +71,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
         self.ops.paged_attention(out, query, kv_cache.key, kv_cache.value, metadata.block_table,
                                  plan.items, plan.merges, plan.partials,
                                  layer.scale, kv_cache.k_scale, kv_cache.v_scale,
-                                 layer.sliding_window or 0, layer.logits_soft_cap or 0.0)
+                                 layer.sliding_window or 0, layer.logits_soft_cap or 0.0,
+                                 self.batch_invariant)
         return out
 
     def _plan(self, metadata: CpuAttentionMetadata, window: int | None) -> CpuAttentionPlan:
@@ -77,5 +80,6 @@ class CpuAttentionBackend(TorchAttentionBackend):
         if plan is None:
             plan = metadata.plans[window] = CpuAttentionPlan(*self.ops.attention_plan(
                 metadata.query_start_loc, metadata.seq_lens, self.num_kv_heads,
-                self.num_heads // self.num_kv_heads, self.head_dim, window or 0))
+                self.num_heads // self.num_kv_heads, self.head_dim, window or 0,
+                self.batch_invariant))
         return plan

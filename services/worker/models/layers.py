@@ -7,6 +7,7 @@ Module.__call__ costs microseconds each on the hot path.
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from types import ModuleType
 
@@ -150,6 +151,28 @@ class Linear:
     def _amx(self, x: torch.Tensor) -> torch.Tensor:
         assert self._kernels is not None
         return self._kernels.amx_linear(x, self.amx_packed, self.out_features, self._bias_fp32)
+
+    def make_batch_invariant(self, rows: int) -> None:
+        """--batch-invariant (runner/batch_invariance.py): each row's sums in one kernel and
+        one order whatever the batch. fp32 GGUF blocks already are (one FMA chain per output,
+        k in order, at any row count: quant_linear.cpp), so they serve every batch; else
+        the dense kernel runs on tiles of exactly `rows` rows, the last one zero-padded."""
+        self.fuses_silu_and_mul = False
+        if self.quantized is not None and not self.quantized.bf16:
+            self.max_block_rows = sys.maxsize
+            return
+        self.quantized, self.max_block_rows = None, 0   # bf16 blocks sum pairs up to 8 rows
+        dense = self.forward
+
+        def tiled(x: torch.Tensor) -> torch.Tensor:
+            num_rows = x.shape[0]
+            if num_rows == rows:
+                return dense(x)
+            padded = x.new_zeros(-(-num_rows // rows) * rows, x.shape[1])
+            padded[:num_rows] = x
+            return torch.cat([dense(tile) for tile in padded.split(rows)])[:num_rows]
+
+        self.forward = tiled
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         """silu(y[:, :N/2]) * y[:, N/2:] for y = self(x), a gate_up projection, in one kernel

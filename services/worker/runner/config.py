@@ -50,6 +50,7 @@ class RunnerConfig:
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None       # adapters kept in host memory; None: max_loras
     encoder_cache_size: int = 8192         # vision models: image embedding rows kept (LRU)
+    batch_invariant: bool = False          # fixed reduction orders (runner/batch_invariance.py)
 
     @classmethod
     def from_settings(cls, settings: WorkerSettings, model_dir: Path) -> RunnerConfig:
@@ -64,6 +65,8 @@ class RunnerConfig:
 
     def __post_init__(self) -> None:
         check_quantization(self.quantization, self.device)
+        if self.batch_invariant and (self.tensor_parallel_size > 1 or self.enable_lora):
+            raise ValueError("--batch-invariant covers one rank without LoRA adapters")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"--tensor-parallel-size must be at least 1, got "
                              f"{self.tensor_parallel_size}")

@@ -19,6 +19,7 @@ from services.worker.models.quantized import BlockSource
 from services.worker.models.registry import model_class
 from services.worker.models.smoothing import SmoothedWeights
 from services.worker.models.weights import WeightSource
+from services.worker.runner.batch_invariance import enable_batch_invariance
 from services.worker.runner.config import RunnerConfig
 
 log = structlog.get_logger(__name__)
@@ -68,6 +69,8 @@ def load_model(config: RunnerConfig, model_config: ModelConfig, weights: WeightS
     blocks = _gguf_blocks(config, weights.device) if use_gguf_blocks else None
     model = model_class(model_config.model_type)(model_config, weights, attn, max_model_len,
                                                  blocks, config.quantization)
+    if config.batch_invariant:
+        enable_batch_invariance(model, attn)
     log.info("model weights loaded", model=config.model_dir.name,
              model_type=model_config.model_type, dtype=config.dtype, device=str(weights.device),
              attention_backend=attn.name, seconds=round(time.perf_counter() - started, 2),

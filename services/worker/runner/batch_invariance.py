@@ -1,0 +1,39 @@
+"""--batch-invariant: a request's tokens and logprobs are bitwise the same whatever its
+batchmates, its chunking and its place in the batch (what an RL trainer comparing logprobs
+needs; vLLM's VLLM_BATCH_INVARIANT on GPUs).
+
+What varied, measured on the CPU path in bf16 (benchmarks/batch_invariance.py, docs/
+benchmarks.md 17):
+- linears: a step of up to 8 rows reads the GGUF blocks (bf16 products summed in pairs),
+  larger steps run oneDNN's bf16 GEMM, and oneDNN itself runs 1 row another way than 2 or
+  more (down_proj, K = 1536: 9 rows in 128 differ). So every linear runs oneDNN on tiles of
+  exactly LINEAR_TILE_ROWS rows (Linear.make_batch_invariant): one kernel, one order per row.
+- attention: a decode is cut into KV splits sized by the step's whole decode work, and a
+  query token alone in its chunk (a decode, or a prompt chunk of one token) runs the decode
+  kernel while the rest of a prompt runs the prefill kernel (other products, other sums). So
+  every query token goes into per-KV-head prefill tiles, never split (attention_plan.cpp).
+What did not: norms, rotary, SiLU (row by row), greedy argmax and log_softmax (per row, fp32).
+"""
+
+from __future__ import annotations
+
+from services.worker.attention.backend import AttentionBackend
+from services.worker.attention.cpu_attn import CpuAttentionBackend
+from services.worker.models.layers import Linear
+from services.worker.models.llama import LlamaForCausalLM
+
+LINEAR_TILE_ROWS = 16
+
+
+def enable_batch_invariance(model: LlamaForCausalLM, attn: AttentionBackend) -> None:
+    """Fixes the reduction orders of `model`'s linears and of its attention backend."""
+    if not isinstance(attn, CpuAttentionBackend) or attn.ops is None:
+        raise ValueError("--batch-invariant needs the CPU attention kernels (kernels/cpu): "
+                         f"this worker runs {attn.name!r} attention")
+    linears = [lin for layer in model.layers for lin in layer.linears] + [model.lm_head]
+    for linear in linears:
+        if type(linear) is not Linear:
+            raise ValueError(f"--batch-invariant covers dense linears only, not "
+                             f"{type(linear).__name__} (--quantization, quantized checkpoints)")
+        linear.make_batch_invariant(LINEAR_TILE_ROWS)
+    attn.batch_invariant = True
