@@ -52,18 +52,20 @@ class StepTotals:
     """Every engine's scheduler's step histograms so far: counts and sums in seconds."""
     steps: float
     step: float
+    execute: float                    # the worker's own time in them
     messaging: float
     hop_steps: float                  # steps that went over the local channel
     hops: tuple[float, ...]           # the sum of each of HOPS
 
     def __sub__(self, before: StepTotals) -> StepTotals:
         return StepTotals(self.steps - before.steps, self.step - before.step,
-                          self.messaging - before.messaging, self.hop_steps - before.hop_steps,
+                          self.execute - before.execute, self.messaging - before.messaging,
+                          self.hop_steps - before.hop_steps,
                           tuple(a - b for a, b in zip(self.hops, before.hops, strict=True)))
 
 
 def step_totals(mesh: RunningMesh) -> StepTotals:
-    totals = StepTotals(0.0, 0.0, 0.0, 0.0, (0.0,) * len(HOPS))
+    totals = StepTotals(0.0, 0.0, 0.0, 0.0, 0.0, (0.0,) * len(HOPS))
     for service, health in service_health_urls(mesh.log).items():
         if service.split(".")[0] == "scheduler":
             text = scrape(metrics_url(health))
@@ -71,6 +73,7 @@ def step_totals(mesh: RunningMesh) -> StepTotals:
             totals = StepTotals(
                 totals.steps + sum_of(text, "llm_mesh:engine_step_seconds_count"),
                 totals.step + sum_of(text, "llm_mesh:engine_step_seconds_sum"),
+                totals.execute + sum_of(text, "llm_mesh:worker_execute_seconds_sum"),
                 totals.messaging + sum_of(text, "llm_mesh:step_messaging_seconds_sum"),
                 totals.hop_steps + sum_of(text, f"{hop}_count", 'hop="back"'),
                 tuple(total + sum_of(text, f"{hop}_sum", f'hop="{name}"')
@@ -82,8 +85,9 @@ def step_overhead(during: StepTotals) -> str:
     """The step messaging of a bench, and hop by hop where its steps took the local channel."""
     if not during.steps:
         return "no steps"
-    report = (f"{during.steps:.0f} steps, step {1e3 * during.step / during.steps:.2f} ms mean, "
-              f"step messaging (transport + serialization) "
+    report = (f"{during.steps:.0f} steps, step {1e3 * during.step / during.steps:.2f} ms mean "
+              f"(the worker's execute {1e3 * during.execute / during.steps:.2f}), step "
+              f"messaging (transport + serialization) "
               f"{1e3 * during.messaging / during.steps:.3f} ms mean = "
               f"{100 * during.messaging / during.step:.1f}% of step time")
     if during.hop_steps:
