@@ -16,6 +16,9 @@ without the flag bf16 differed in 12/50 token and 43/50 logprob sequences, fp32 
   attention.cpp). fp32 GGUF blocks were already invariant (one FMA chain per output).
 Nothing else needed fixing (with these two, 0/50 and 0/50): norms, rotary and SiLU run row
 by row, greedy argmax and the fp32 log_softmax per row.
+NOTE: measured on AVX-512 with bf16 and without AMX; on an AMX CPU the tiles run the AMX
+kernel (amx_linear.cpp) and the attention's AMX tiles, whose invariance is not yet measured
+(tests/worker/test_batch_invariance.py checks it wherever it runs).
 """
 
 from __future__ import annotations
