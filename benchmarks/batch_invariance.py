@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+from collections.abc import Sequence
 
 import structlog
 import torch
@@ -25,7 +26,7 @@ from services.worker.runner.model_runner import ModelRunner, RunnerConfig
 from tests.worker.batch_mix import num_differing, random_prompts, run_alone, run_mixed
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="")
     parser.add_argument("--dtype", default="bfloat16")
@@ -37,7 +38,7 @@ def main() -> None:
     parser.add_argument("--alone-budget", type=int, default=48)
     parser.add_argument("--mixed-budget", type=int, default=128)
     parser.add_argument("--modes", default="off,on", help="flag off and/or on")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
     print_preamble()
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
