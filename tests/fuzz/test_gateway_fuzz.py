@@ -38,6 +38,7 @@ pytestmark = pytest.mark.slow
 
 SEED = 20261129
 MODEL = "SmolLM2-135M-Instruct"
+VOCAB_SIZE = 49152   # the embedded model's
 # Examples per operation and generation mode.
 BUDGET = {"/v1/completions": 30, "/v1/chat/completions": 30, "/tokenize": 15,
           "/detokenize": 15}
@@ -64,11 +65,27 @@ def fuzz_schema(published: dict[str, Any]) -> dict[str, Any]:
                 _cap(properties[field], cap)
         # The served model, so that valid bodies get past the model check to the engine.
         properties["model"] = {"type": "string", "enum": [MODEL]}
+        if "prompt" in properties:
+            _servable_prompt(properties["prompt"])
     for path, model in BODIES.items():
         schema["paths"][path]["post"]["requestBody"] = {
             "required": True, "content": {"application/json": {
                 "schema": {"$ref": REF.format(model=model.__name__)}}}}
     return schema
+
+
+def _servable_prompt(prop: dict[str, Any]) -> None:
+    """Prompts the model could run: not empty, token ids inside the vocabulary. Without it
+    most valid-by-schema completion bodies stop at those two 400s, and which of the few left
+    get through to an answer depends on the draw."""
+    prop.update({"minLength": 1} if prop.get("type") == "string" else {})
+    if prop.get("type") == "integer":
+        prop["maximum"] = VOCAB_SIZE - 1
+    if prop.get("type") == "array":
+        prop["minItems"] = 1
+        _servable_prompt(prop["items"])
+    for option in prop.get("anyOf", []):
+        _servable_prompt(option)
 
 
 def _cap(prop: dict[str, Any], cap: int) -> None:
