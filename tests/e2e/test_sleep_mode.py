@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from services.common.model_files import DEFAULT_MODEL, resolve_model
+from tests.faults.streams import poll
 from tests.mesh import Mesh, http_get, http_post, serving
 
 pytestmark = pytest.mark.slow
@@ -79,10 +79,8 @@ def weights_bytes() -> int:
 
 def wait_for_kv_pages(mesh: Mesh, timeout_s: float = 120.0) -> None:
     log = mesh.services["worker"].log_path
-    deadline = time.monotonic() + timeout_s
-    while not any(line in log.read_text(errors="replace") for line in KV_PAGES_READY):
-        assert time.monotonic() < deadline, "the worker's KV pages never finished faulting in"
-        time.sleep(0.2)
+    poll(lambda: any(line in log.read_text(errors="replace") for line in KV_PAGES_READY),
+         timeout_s, "the worker's KV pages to finish faulting in", interval_s=0.2)
 
 
 def is_sleeping(mesh: Mesh) -> bool:
@@ -147,10 +145,8 @@ def test_sleep_lets_the_request_in_flight_finish_first(sleepy_mesh: Mesh) -> Non
     results: list[tuple[int, dict, Message]] = []
     long_request = threading.Thread(target=lambda: results.append(completion(sleepy_mesh, 96)))
     long_request.start()
-    deadline = time.monotonic() + 60
-    while sleepy_mesh.scheduler_metric("vllm:num_requests_running") < 1:
-        assert time.monotonic() < deadline, "the request never started running"
-        time.sleep(0.02)
+    poll(lambda: sleepy_mesh.scheduler_metric("vllm:num_requests_running") >= 1, 60,
+         "the request to start running", interval_s=0.02)
     post(sleepy_mesh, "/sleep?level=1")
     long_request.join(timeout=120)
     [(status, body, _)] = results
