@@ -129,3 +129,18 @@ def test_chunked_prefill_equals_one_shot(mesh_model: BambaForCausalLM) -> None:
         if isinstance(state, Mamba2State):
             assert torch.allclose(state.ssm_states[1], state.ssm_states[0], atol=1e-5)
             assert torch.allclose(state.conv_states[1], state.conv_states[0], atol=1e-6)
+
+
+def test_bf16_model_tracks_fp32(checkpoint, mesh_model: BambaForCausalLM) -> None:
+    """bf16 weights and conv states over an fp32 SSM state: a prefill and a decode step stay
+    near the fp32 logits (a loose bound: bf16 rounding, which varies with the CPU's kernels)."""
+    bf16 = BambaForCausalLM.from_pretrained(checkpoint[0], torch.bfloat16, torch.device("cpu"))
+    prompt = _prompt(13, seed=8)
+    logits = {}
+    for model in (mesh_model, bf16):
+        _fresh_states(model)
+        logits[model] = torch.cat([_run(model, [(0, prompt, 0)])[0],
+                                   _run(model, [(0, [9], len(prompt))])[0]])
+    assert bf16.states[0].ssm_states.dtype == torch.float32
+    assert bf16.states[0].conv_states.dtype == torch.bfloat16
+    assert (logits[bf16] - logits[mesh_model]).abs().max() < 0.3

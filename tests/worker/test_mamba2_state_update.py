@@ -2,7 +2,8 @@
 written out per sequence, and the Triton kernel (kernels/triton_selective_state_update.py)
 against the reference, at small shapes: heads over several groups, a head dim and state size off
 the tile sizes (masked edges), slots taken out of order with one left untouched, bf16 inputs
-over an fp32 state, a dt limit. Runnable as `python -m tests.worker.test_mamba2_state_update`
+over an fp32 state, a dt limit; x, B and C reach the kernel as the mixer passes them, strided
+views of one projection. Runnable as `python -m tests.worker.test_mamba2_state_update`
 (on KERNEL_TEST_DEVICE): one JSON line per case; the pytest test runs that in a subprocess under
 TRITON_INTERPRET=1 on CPU (tests/kernels/harness.py says why).
 """
@@ -86,12 +87,25 @@ def test_triton_matches_reference() -> None:
         assert results[name]["state_err"] <= 1e-5, (name, results[name])
 
 
+def _views_of_one_projection(x: torch.Tensor, B: torch.Tensor,
+                             C: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """x, B and C on DEVICE as the mixer passes them: strided views of one [N, x | B | C]
+    tensor (the conv's output)."""
+    num_seqs = x.shape[0]
+    packed = torch.cat([x.flatten(1), B.flatten(1), C.flatten(1)], dim=1).to(DEVICE)
+    x_view, b_view, c_view = packed.split([x[0].numel(), B[0].numel(), C[0].numel()], dim=1)
+    return (x_view.view(num_seqs, *x.shape[1:]), b_view.view(num_seqs, *B.shape[1:]),
+            c_view.view(num_seqs, *C.shape[1:]))
+
+
 def _compare_triton_with_reference() -> None:
     from kernels.triton_selective_state_update import selective_state_update
 
     for name, *shape, dtype, dt_limit in CASES:
         inputs = make_inputs(*shape, dtype)
         device_inputs = [t.to(DEVICE, copy=True) for t in inputs]   # the states: a copy
+        device_inputs[2], device_inputs[6], device_inputs[7] = _views_of_one_projection(
+            inputs[2], inputs[6], inputs[7])
         got = selective_state_update(*device_inputs, dt_limit=dt_limit).cpu()
         want = ref_selective_state_update(*inputs, dt_limit=dt_limit)
         state_err = (device_inputs[0].cpu() - inputs[0]).abs().max()

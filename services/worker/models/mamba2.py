@@ -188,10 +188,11 @@ class Mamba2Mixer:
         rows = torch.tensor([batch.query_start_loc[i] for i in batch.decode_seqs],
                             device=xbc.device)
         slots = torch.tensor([batch.state_indices[i] for i in batch.decode_seqs],
-                             dtype=torch.int32, device=xbc.device)
+                             dtype=torch.int32, device=xbc.device)   # the kernel's index type
+        slot_rows = slots.long()
         conv_out, conv_states = causal_conv1d_update(
-            xbc[rows], state.conv_states[slots.long()], self.conv_weight, self.conv_bias)
-        state.conv_states[slots.long()] = conv_states.to(state.conv_states.dtype)
+            xbc[rows], state.conv_states[slot_rows], self.conv_weight, self.conv_bias)
+        state.conv_states[slot_rows] = conv_states.to(state.conv_states.dtype)
         x, B, C = self._split_xbc(conv_out)
         y[rows] = self.state_update(state.ssm_states, slots, x, dt[rows].contiguous(),
                                     self.dt_bias, self.A, B, C, self.D, self.dt_limit).float()
