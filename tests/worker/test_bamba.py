@@ -1,7 +1,7 @@
 """Bamba (services/worker/models/bamba.py) against transformers' own BambaForCausalLM, from a
 tiny random checkpoint it saves: prompt logits, greedy decoding through the slots' recurrent
-step, a varlen batch (prefills of two lengths, then a prefill beside a decode) against each
-sequence alone, and a prefill split in chunks against one shot. All fp32 on CPU, where HF runs
+step, a varlen batch (prefills of two lengths, then two decodes beside a prefill) against each
+sequence alone, a prefill split in chunks against one shot, and bf16 against fp32. All fp32 on CPU, where HF runs
 its torch path (no mamba_ssm kernels), so the two must agree to rounding.
 """
 
@@ -97,22 +97,21 @@ def test_greedy_decode_matches_hf_generate(checkpoint, mesh_model: BambaForCausa
 
 
 def test_varlen_batch_equals_each_sequence_alone(mesh_model: BambaForCausalLM) -> None:
-    long, short = _prompt(13, seed=3), _prompt(5, seed=4)
+    long, short, third = _prompt(13, seed=3), _prompt(5, seed=4), _prompt(6, seed=6)
     _fresh_states(mesh_model)
-    alone = [_run(mesh_model, [(0, long, 0)])[0], _run(mesh_model, [(1, short, 0)])[0]]
-    alone_next = _run(mesh_model, [(0, [7], 13)])[0]
-    # The same prompts batched in other slots (3 holds stale state from nothing: zeros; 2 is
-    # dirtied first, so a new sequence must ignore what its slot holds).
+    alone = [_run(mesh_model, [(0, long, 0)])[0], _run(mesh_model, [(1, short, 0)])[0],
+             _run(mesh_model, [(2, third, 0)])[0]]
+    alone_next = [_run(mesh_model, [(0, [7], 13)])[0], _run(mesh_model, [(1, [8], 5)])[0]]
+    # The first two prompts batched in other slots; slot 2 is dirtied first, so a new sequence
+    # must ignore what its slot holds.
     _fresh_states(mesh_model)
     _run(mesh_model, [(2, _prompt(9, seed=5), 0)])
     batched = _run(mesh_model, [(3, long, 0), (2, short, 0)])
-    for got, want in zip(batched, alone, strict=True):
-        assert (got - want).abs().max() < ATOL
-    # A decode of one beside a prefill of another, in one step.
-    decode, prefill = _run(mesh_model, [(3, [7], 13), (1, _prompt(6, seed=6), 0)])
-    assert (decode - alone_next).abs().max() < ATOL
-    _fresh_states(mesh_model)
-    assert (prefill - _run(mesh_model, [(0, _prompt(6, seed=6), 0)])[0]).abs().max() < ATOL
+    # Then one step of two decodes (one batched recurrent step) beside a prefill.
+    batched += _run(mesh_model, [(3, [7], 13), (1, third, 0), (2, [8], 5)])
+    want = [alone[0], alone[1], alone_next[0], alone[2], alone_next[1]]
+    for got, expected in zip(batched, want, strict=True):
+        assert (got - expected).abs().max() < ATOL
 
 
 def test_chunked_prefill_equals_one_shot(mesh_model: BambaForCausalLM) -> None:
