@@ -1,8 +1,8 @@
 """Bamba (services/worker/models/bamba.py) against transformers' own BambaForCausalLM, from a
 tiny random checkpoint it saves: prompt logits, greedy decoding through the slots' recurrent
 step, a varlen batch (prefills of two lengths, then two decodes beside a prefill) against each
-sequence alone, a prefill split in chunks against one shot, and bf16 against fp32. All fp32 on CPU, where HF runs
-its torch path (no mamba_ssm kernels), so the two must agree to rounding.
+sequence alone, a prefill split in chunks against one shot. All fp32 on CPU, where HF runs its
+torch path (no mamba_ssm kernels), so the two must agree to rounding; and bf16 against fp32.
 """
 
 from __future__ import annotations
