@@ -3,7 +3,9 @@
 `'{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}'` turns on
 prompt-lookup speculation, `'{"method": "suffix"}'` suffix decoding, `'{"method":
 "draft_model", "model": "<path or name>", "num_speculative_tokens": 3}'` a draft model (as in
-vLLM, a config naming a `model` and no method means draft_model): the worker proposes up to
+vLLM, a config naming a `model` and no method means draft_model), `'{"method": "eagle3",
+"model": "<head dir>", "num_speculative_tokens": 3}'` an EAGLE-3 head drafting from the
+target's hidden states: the worker proposes up to
 num_speculative_tokens drafts per request after each sampling step, the scheduler schedules
 them as extra query positions, and the worker's verifier keeps the target model's
 distribution (docs/architecture.md, "Speculative decoding"). An empty flag (the default) is
@@ -15,7 +17,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, fields
 
-METHODS = ("ngram", "suffix", "draft_model")
+METHODS = ("ngram", "suffix", "draft_model", "eagle3")
+MODEL_METHODS = ("draft_model", "eagle3")   # the methods that load a `model`
 _DEFAULT_PROMPT_LOOKUP = 5   # vLLM's n-gram window when neither bound is given
 
 
@@ -37,7 +40,8 @@ class SpeculativeConfig:
     suffix_decoding_min_token_prob: float = 0.1
     """suffix: a draft path stops where its estimated probability falls below this."""
     model: str | None = None
-    """draft_model: the draft's path or name, resolved as --model is (same tokenizer)."""
+    """draft_model: the draft's path or name, resolved as --model is (same tokenizer);
+    eagle3: the head's checkpoint directory (vLLM's LlamaForCausalLMEagle3 layout)."""
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -56,7 +60,9 @@ class SpeculativeConfig:
                              "suffix_decoding_min_token_prob in [0, 1]")
         if self.method == "draft_model" and not self.model:
             raise ValueError("draft_model needs `model`: the draft's path or name")
-        if self.method != "draft_model" and self.model is not None:
+        if self.method == "eagle3" and not self.model:
+            raise ValueError("eagle3 needs `model`: the EAGLE-3 head's checkpoint directory")
+        if self.method not in MODEL_METHODS and self.model is not None:
             raise ValueError(f"`model` names a draft model, which {self.method} does not use")
 
 
@@ -91,7 +97,7 @@ def parse_speculative_config(text: str) -> SpeculativeConfig | None:
         numeric = (int,) if name in _INT_KEYS else (int, float)
         if not isinstance(value, numeric) or isinstance(value, bool):
             raise ValueError(f"--speculative-config: {name} must be a number")
-    if values["method"] in ("ngram", "draft_model") and "num_speculative_tokens" not in values:
+    if values["method"] != "suffix" and "num_speculative_tokens" not in values:
         raise ValueError(f"--speculative-config: {values['method']} needs "
                          f"num_speculative_tokens")
     if values["method"] == "ngram":

@@ -22,6 +22,8 @@ from services.common.speculative_config import SpeculativeConfig, parse_speculat
      SpeculativeConfig("draft_model", 3, model="/models/small")),
     ('{"model": "smollm2", "num_speculative_tokens": 2}',   # a model and no method: a draft
      SpeculativeConfig("draft_model", 2, model="smollm2")),
+    ('{"method": "eagle3", "model": "/heads/eagle3", "num_speculative_tokens": 3}',
+     SpeculativeConfig("eagle3", 3, model="/heads/eagle3")),
     ("", None),
 ])
 def test_the_flag_parses_as_vllm_reads_it(text: str, expected: SpeculativeConfig | None) -> None:
@@ -40,8 +42,21 @@ def test_the_flag_parses_as_vllm_reads_it(text: str, expected: SpeculativeConfig
     '{"method": "draft_model", "model": "/models/small"}',
     '{"model": 3, "num_speculative_tokens": 2}',
     '{"method": "draft_model", "model": "", "num_speculative_tokens": 2}',
+    '{"method": "eagle3", "num_speculative_tokens": 2}',
+    '{"method": "eagle3", "model": "/heads/eagle3"}',
 ])
 def test_bad_flags_are_refused(text: str) -> None:
     with pytest.raises(ValueError):
         parse_speculative_config(text)
 
+
+
+@pytest.mark.parametrize("text,error", [
+    ('{"method": "eagle3", "num_speculative_tokens": 2}', "eagle3 needs `model`"),
+    ('{"method": "eagle3", "model": "/heads/eagle3"}', "eagle3 needs num_speculative_tokens"),
+    ('{"method": "eagle", "model": "/heads/eagle3", "num_speculative_tokens": 2}',
+     "method must be one of ngram, suffix, draft_model, eagle3"),
+])
+def test_an_eagle3_flag_missing_a_key_says_which(text: str, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        parse_speculative_config(text)
