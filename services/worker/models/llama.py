@@ -191,6 +191,10 @@ class LlamaForCausalLM:
                           + sum(layer.num_bytes for layer in self.layers)
                           + self.norm.numel() * self.norm.element_size()
                           + self.lm_head.num_bytes * (not tied))
+        self.aux_hidden_state_layers: tuple[int, ...] = ()
+        """Set by EAGLE-3 (spec_decode/eagle3_proposer.py): forward keeps the residual stream
+        entering these layers, concatenated, in aux_hidden_states [num_tokens, n * hidden]."""
+        self.aux_hidden_states: torch.Tensor | None = None
         linears = [lin for layer in self.layers for lin in layer.linears] + [self.lm_head]
         # What a step of a few rows reads: GGUF blocks where the linears have them.
         self.small_batch_bytes = (self.num_bytes - sum(lin.num_bytes for lin in linears)
@@ -209,9 +213,14 @@ class LlamaForCausalLM:
         # NOTE: cos / sin looked up once per step per rope table, shared by the layers using it.
         tables = {id(rotary): rotary.lookup(positions) for rotary in self.rotaries}
         residual = None
-        for layer in self.layers:
+        kept = []
+        for i, layer in enumerate(self.layers):
+            if i in self.aux_hidden_state_layers:
+                kept.append(hidden if residual is None else hidden + residual)
             hidden, residual = layer.forward(hidden, residual, *tables[id(layer.rotary)],
                                              attn_metadata)
+        if kept:
+            self.aux_hidden_states = torch.cat(kept, dim=-1)
         return self.ops.add_rms_norm(hidden, residual, self.norm, self.config.rms_norm_eps)[0]
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:

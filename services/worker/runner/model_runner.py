@@ -123,7 +123,7 @@ class ModelRunner:
         self.speculator: Speculator | None = None
         if config.speculative_config is not None:
             with startup.phase("speculative decoding"):   # a draft model loads here
-                self.speculator = Speculator(config, self.device, self.info)
+                self.speculator = Speculator(config, self.device, self.info, lambda: self.model)
         # NOTE: smoothed int8 computes other KV than plain int8 did before it.
         self.kv_fingerprint = kv_fingerprint(
             config.model_dir, self.kv_spec, config.quantization

@@ -15,9 +15,21 @@ Handles are rows here: the draft steps are addressed by the target batch's row i
 
 from __future__ import annotations
 
-import numpy as np
+import math
 
+import numpy as np
+import structlog
+import torch
+
+from services.common import wire_pb
+from services.common.packing import pack_int32
+from services.worker.attention.backend import KVCache
+from services.worker.kv.kv_cache import KVCacheSpec, allocate_kv_caches
+from services.worker.runner.config import RunnerConfig, RunnerInfo
 from services.worker.runner.input_batch import NO_LOGPROBS, InputBatch
+from services.worker.runner.step_batch import StepBatch, prepare_step_batch
+
+log = structlog.get_logger(__name__)
 
 
 class DraftInputBatch:
@@ -42,6 +54,31 @@ class DraftInputBatch:
                                                          dtype=np.int32)
                          ).reshape(max_num_reqs, num_scratch_blocks)
 
+    @classmethod
+    def with_kv_caches(cls, config: RunnerConfig, info: RunnerInfo, kv_spec: KVCacheSpec,
+                       num_speculative_tokens: int, device: torch.device
+                       ) -> tuple[DraftInputBatch, list[KVCache]]:
+        """The batch over a draft cache of the target's blocks plus, per row, scratch for its
+        bonus token and drafts (k positions at most, from a block boundary, since the row's
+        blocks cover its other tokens); and that cache, allocated."""
+        num_scratch_blocks = math.ceil(num_speculative_tokens / config.block_size)
+        num_blocks = info.num_blocks + config.max_num_seqs * num_scratch_blocks
+        log.info("draft KV cache", num_blocks=num_blocks,
+                 kv_cache_gib=round(num_blocks * kv_spec.bytes_per_block / 2**30, 3))
+        batch = cls(config.max_num_seqs, math.ceil(info.max_model_len / config.block_size),
+                    config.block_size, num_scratch_blocks, first_scratch_block=info.num_blocks)
+        return batch, allocate_kv_caches(kv_spec, num_blocks, device)
+
+    def prepare(self, rows: np.ndarray, num_scheduled: np.ndarray,
+                device: torch.device) -> StepBatch:
+        """A draft pass over `num_scheduled` tokens of each row from its computed ones,
+        built like a target step (decodes first, then the others, each in order)."""
+        step = wire_pb.StepInput(cached_handles=pack_int32(rows),
+                                 num_scheduled_tokens=pack_int32(num_scheduled))
+        step_batch = prepare_step_batch(step, self, self.block_size, device)
+        assert step_batch is not None, "a draft pass with no tokens"
+        return step_batch
+
     def rows_of(self, handles: np.ndarray) -> np.ndarray:
         return np.asarray(handles, dtype=np.int64)
 
@@ -49,10 +86,12 @@ class DraftInputBatch:
         """New requests took `rows`: the draft's KV there is not theirs."""
         self.num_computed_tokens[rows] = 0
 
-    def begin(self, batch: InputBatch, rows: np.ndarray) -> None:
-        """Takes the target's tokens and blocks of `rows` for a proposal."""
-        self.token_ids = batch.token_ids
-        num_tokens = batch.num_tokens[rows]
+    def begin(self, batch: InputBatch, rows: np.ndarray, shift: int = 0) -> None:
+        """Takes the target's tokens and blocks of `rows` for a proposal. shift=1 (EAGLE)
+        sees each row's tokens from its second on: position p holds token p + 1, the token
+        the draft runs with the target's hidden state of position p."""
+        self.token_ids = batch.token_ids[:, shift:]
+        num_tokens = batch.num_tokens[rows] - shift
         self.num_tokens[rows] = num_tokens
         # NOTE: the last known token always runs: its logits propose the first draft.
         self.num_computed_tokens[rows] = np.minimum(self.num_computed_tokens[rows],

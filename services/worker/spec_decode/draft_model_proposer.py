@@ -17,29 +17,25 @@ weights are not in the profiled peak either (they load after it).
 
 NOTE (cost): k forward passes of the draft per step (the first carries the catch-up), each
 ending in a host sync for the argmax, since the next pass reads its tokens from numpy. No
-CUDA graphs yet; EAGLE-style heads, which reuse the target's hidden states, are the next
-step (docs/architecture.md, "Speculative decoding").
+CUDA graphs yet; an EAGLE-3 head (eagle3_proposer.py) drafts from the target's hidden
+states with one layer instead of a whole model.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import numpy as np
 import structlog
 import torch
 
-from services.common import wire_pb
 from services.common.model_files import resolve_model
-from services.common.packing import pack_int32
-from services.worker.kv.kv_cache import allocate_kv_caches
+from services.common.speculative_config import MODEL_METHODS
 from services.worker.models.config import ModelConfig
 from services.worker.models.weights import WeightSource
 from services.worker.runner.config import RunnerConfig, RunnerInfo
 from services.worker.runner.input_batch import InputBatch
 from services.worker.runner.model_loader import attention_backend, kv_cache_spec, load_model
-from services.worker.runner.step_batch import prepare_step_batch
 from services.worker.spec_decode.draft_input_batch import DraftInputBatch
 from services.worker.spec_decode.proposer import Proposer
 
@@ -63,24 +59,17 @@ class DraftModelProposer(Proposer):
                                tensor_parallel_size=1)
         self.num_speculative_tokens = spec.num_speculative_tokens
         self.max_model_len = info.max_model_len
-        self.block_size = config.block_size
         self.token_budget = config.max_num_batched_tokens
         self.device = device
         self.attn = attention_backend(draft_config, model_config, device)
         self.model = load_model(draft_config, model_config,
                                 WeightSource(model_dir, config.torch_dtype, device), self.attn,
                                 info.max_model_len)
-        # Scratch past a row's blocks: its bonus token and drafts (k positions at most,
-        # starting at a block boundary, since the row's blocks cover its other tokens).
-        num_scratch_blocks = math.ceil(self.num_speculative_tokens / config.block_size)
         kv_spec = kv_cache_spec(draft_config, model_config)
-        num_blocks = info.num_blocks + config.max_num_seqs * num_scratch_blocks
-        self.model.bind_kv_caches(allocate_kv_caches(kv_spec, num_blocks, device))
-        self.draft_batch = DraftInputBatch(
-            config.max_num_seqs, math.ceil(info.max_model_len / config.block_size),
-            config.block_size, num_scratch_blocks, first_scratch_block=info.num_blocks)
-        log.info("draft model ready", draft=model_dir.name, num_blocks=num_blocks,
-                 kv_cache_gib=round(num_blocks * kv_spec.bytes_per_block / 2**30, 3),
+        self.draft_batch, kv_caches = DraftInputBatch.with_kv_caches(
+            config, info, kv_spec, self.num_speculative_tokens, device)
+        self.model.bind_kv_caches(kv_caches)
+        log.info("draft model ready", draft=model_dir.name,
                  num_speculative_tokens=self.num_speculative_tokens)
 
     def add_requests(self, rows: list[int]) -> None:
@@ -113,10 +102,8 @@ class DraftModelProposer(Proposer):
                   ).astype(np.int64)
         before = np.cumsum(wanted) - wanted
         num_scheduled = np.clip(self.token_budget - before, 0, wanted)
-        step = wire_pb.StepInput(cached_handles=pack_int32(rows),
-                              num_scheduled_tokens=pack_int32(num_scheduled))
-        step_batch = prepare_step_batch(step, draft_batch, self.block_size, self.device)
-        assert step_batch is not None   # the first row always fits the budget
+        # NOTE: the first row always fits the budget.
+        step_batch = draft_batch.prepare(rows, num_scheduled, self.device)
         hidden = self.model.forward(step_batch.input_ids, step_batch.positions,
                                     self.attn.build_metadata(step_batch.attn))
         draft_batch.num_computed_tokens[step_batch.rows] = step_batch.seq_lens
@@ -126,10 +113,10 @@ class DraftModelProposer(Proposer):
 
 
 def draft_kv_bytes_per_block(config: RunnerConfig) -> int:
-    """What the draft model's KV takes per block of the target's (0 without a draft
-    model), read from its config before anything loads."""
+    """What the draft model's (or EAGLE-3 head's) KV takes per block of the target's (0
+    without one), read from its config before anything loads."""
     spec = config.speculative_config
-    if spec is None or spec.method != "draft_model" or spec.model is None:
+    if spec is None or spec.method not in MODEL_METHODS or spec.model is None:
         return 0
     model_dir = resolve_model(spec.model).hf_dir
     draft_config = replace(config, model_dir=model_dir, speculative_config=None,

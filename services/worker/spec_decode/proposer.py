@@ -1,5 +1,6 @@
 """What a proposer does for the Speculator: drafts for the rows that just sampled, and the
-requests that come and go (a proposer that keeps per-row state needs both)."""
+requests that come and go (a proposer that keeps per-row state needs both); a proposer that
+drafts from the target's hidden states also learns which step they are of."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from abc import ABC, abstractmethod
 import numpy as np
 
 from services.worker.runner.input_batch import InputBatch
+from services.worker.runner.step_batch import StepBatch
 
 
 class Proposer(ABC):
@@ -21,3 +23,6 @@ class Proposer(ABC):
 
     def remember(self, batch: InputBatch, rows: list[int]) -> None:
         """The requests of `rows` leave the batch (their tokens are still there)."""
+
+    def prepare_forward(self, step: StepBatch) -> None:
+        """The target's forward pass is about to run `step` (propose follows, same step)."""

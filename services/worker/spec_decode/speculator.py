@@ -3,32 +3,44 @@ sampled (reported in the StepOutput), and the requests that arrive and leave."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
 from services.common import wire_pb
 from services.common.packing import pack_int32
+from services.worker.models.llama import LlamaForCausalLM
 from services.worker.runner.config import RunnerConfig, RunnerInfo
 from services.worker.runner.input_batch import InputBatch
+from services.worker.runner.step_batch import StepBatch
 from services.worker.runner.step_hooks import StepHooks
 from services.worker.spec_decode.draft_model_proposer import DraftModelProposer
+from services.worker.spec_decode.eagle3_proposer import Eagle3Proposer
 from services.worker.spec_decode.ngram_proposer import NgramProposer
 from services.worker.spec_decode.proposer import Proposer
 from services.worker.spec_decode.suffix_proposer import SuffixProposer
 
 
 class Speculator(StepHooks):
-    def __init__(self, config: RunnerConfig, device: torch.device, info: RunnerInfo) -> None:
+    def __init__(self, config: RunnerConfig, device: torch.device, info: RunnerInfo,
+                 target_model: Callable[[], LlamaForCausalLM]) -> None:
         """config: the runner's, with its speculative_config; info: what the runner built
-        (the draft model's KV cache follows the target's blocks)."""
+        (the draft model's KV cache follows the target's blocks); target_model: the model
+        the runner serves now (EAGLE-3 drafts from its hidden states)."""
         spec = config.speculative_config
         assert spec is not None
         self.proposer: Proposer
         if spec.method == "draft_model":
             self.proposer = DraftModelProposer(config, device, info)
+        elif spec.method == "eagle3":
+            self.proposer = Eagle3Proposer(config, device, info, target_model)
         else:
             self.proposer = (SuffixProposer if spec.method == "suffix"
                              else NgramProposer)(spec, info.max_model_len)
+
+    def prepare_forward(self, batch: StepBatch, input_batch: InputBatch) -> None:
+        self.proposer.prepare_forward(batch)
 
     def after_sampling(self, batch: InputBatch, handles: np.ndarray, rows: np.ndarray,
                        out: wire_pb.StepOutput) -> None:

@@ -1,0 +1,151 @@
+"""EAGLE-3 (vLLM's "eagle3" method): a one-layer head drafts a chain of tokens from the
+target's hidden states, for a fraction of a target forward pass (eagle3_head.py).
+
+The head's position p runs token p + 1 with the target's hidden state of position p (which
+predicted it), so it predicts token p + 2. Per step, after the target sampled:
+1. Catch-up: one head pass over every position of the step the target keeps (its accepted
+   tokens; prompt chunks too, which sample nothing) whose next token is known, with the
+   target's aux hidden states of those positions (models/llama.py keeps them for the step).
+   Its KV then mirrors the target's: no bookkeeping of its own, and a rejected draft's
+   positions are run again next step with the target's states. A row's last position (its
+   newest token's predecessor) yields the first draft.
+2. k - 1 one-token passes, each running the last draft with the head's own pre-norm state
+   in place of the target's, yielding the next draft.
+
+The head's KV is a paged cache of its one layer indexed by the target's block ids plus a
+few scratch blocks per row, as a draft model's (draft_input_batch.py); its passes are built
+by prepare_step_batch over the row tokens shifted by one (DraftInputBatch.begin(shift=1)),
+so a draft lands right after the row's known tokens, where the verifier reads it. Positions
+the target skipped (a prefix-cache hit) keep whatever head KV their blocks hold, as in
+vLLM: that costs acceptance, never correctness (the verifier decides every token).
+
+NOTE (limits): one rank (the aux states are rank 0's), and no CUDA graphs (a replayed graph
+would not refresh the kept states): both refused at start-up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import numpy as np
+import structlog
+import torch
+
+from services.common.model_files import resolve_model
+from services.worker.models.config import ModelConfig
+from services.worker.models.llama import LlamaForCausalLM
+from services.worker.models.weights import WeightSource
+from services.worker.runner.config import RunnerConfig, RunnerInfo
+from services.worker.runner.input_batch import InputBatch, concat_ranges
+from services.worker.runner.model_loader import attention_backend, kv_cache_spec
+from services.worker.runner.step_batch import StepBatch
+from services.worker.spec_decode.draft_input_batch import DraftInputBatch
+from services.worker.spec_decode.eagle3_head import Eagle3Error, Eagle3Head
+from services.worker.spec_decode.proposer import Proposer
+
+log = structlog.get_logger(__name__)
+
+
+class Eagle3Proposer(Proposer):
+    def __init__(self, config: RunnerConfig, device: torch.device, info: RunnerInfo,
+                 target_model: Callable[[], LlamaForCausalLM]) -> None:
+        """target_model: the model the runner serves now (a wake-up or a weight update
+        swaps it), whose aux hidden states the head reads."""
+        spec = config.speculative_config
+        assert spec is not None and spec.model is not None
+        if config.tensor_parallel_size > 1:
+            raise Eagle3Error("eagle3 runs with one rank: drop --tensor-parallel-size")
+        if device.type == "cuda" and config.enable_cuda_graphs:
+            raise Eagle3Error("eagle3 does not run under CUDA graphs yet: disable them "
+                              "(enable_cuda_graphs=False)")
+        head_dir = resolve_model(spec.model).hf_dir
+        head_runner_config = replace(config, model_dir=head_dir, speculative_config=None)
+        head_config = ModelConfig.from_hf_dir(head_dir)
+        self.target_model = target_model
+        self.num_speculative_tokens = spec.num_speculative_tokens
+        self.max_model_len = info.max_model_len
+        self.device = device
+        self.attn = attention_backend(head_runner_config, head_config, device)
+        self.head = Eagle3Head(head_dir, WeightSource(head_dir, config.torch_dtype, device),
+                               self.attn, info.max_model_len, target_model().config,
+                               lambda ids: self.target_model().embed_input_ids(ids))
+        self.draft_batch, kv_caches = DraftInputBatch.with_kv_caches(
+            config, info, kv_cache_spec(head_runner_config, head_config),
+            self.num_speculative_tokens, device)
+        self.head.bind_kv_caches(kv_caches)
+        # Each drafting row's last pre-norm state: the next pass's hidden input.
+        self._carry = torch.zeros(config.max_num_seqs, head_config.hidden_size,
+                                  dtype=config.torch_dtype, device=device)
+        self._step: StepBatch | None = None
+        log.info("eagle3 head ready", head=head_dir.name, aux_layers=self.head.aux_layer_ids,
+                 draft_vocab_size=self.head.lm_head.out_features,
+                 num_speculative_tokens=self.num_speculative_tokens)
+
+    def prepare_forward(self, step: StepBatch) -> None:
+        self._step = step
+        # NOTE: set every step: a wake-up or weight update serves a new model object.
+        self.target_model().aux_hidden_state_layers = self.head.aux_layer_ids
+
+    def propose(self, batch: InputBatch, rows: np.ndarray) -> np.ndarray:
+        num_drafts = np.clip(self.max_model_len - batch.num_tokens[rows], 0,
+                             self.num_speculative_tokens).astype(np.int32)
+        batch.num_draft_tokens[rows] = 0
+        step, self._step = self._step, None
+        assert step is not None, "propose without the step's forward pass"
+        drafting = rows[num_drafts > 0]
+        self._catch_up(batch, step, drafting)
+        # A row's tokens as the head counts them (shifted by one) once all its drafts are in.
+        goal = np.zeros(batch.max_num_reqs, dtype=np.int64)
+        goal[drafting] = batch.num_tokens[drafting] - 1 + num_drafts[num_drafts > 0]
+        pending, draft_batch = drafting, self.draft_batch
+        while len(pending := pending[draft_batch.num_tokens[pending] < goal[pending]]):
+            self._draft_on(pending)
+        batch.num_draft_tokens[rows] = num_drafts
+        return num_drafts
+
+    def _catch_up(self, batch: InputBatch, step: StepBatch, drafting: np.ndarray) -> None:
+        """Runs the head over the step's kept positions; `drafting` rows get a first draft."""
+        draft_batch = self.draft_batch
+        query_start = step.attn.query_start_loc_cpu
+        first = step.seq_lens - np.diff(query_start)   # each row's first position in the step
+        kept = np.minimum(batch.num_computed_tokens[step.rows], batch.num_tokens[step.rows] - 1)
+        draft_batch.begin(batch, step.rows, shift=1)
+        draft_batch.num_computed_tokens[step.rows] = first
+        passes = draft_batch.prepare(step.rows, kept - first, self.device)
+        # Row -> where its positions start in the target's step, then in this pass.
+        target_start = np.zeros(batch.max_num_reqs, dtype=np.int64)
+        target_start[step.rows] = query_start[:-1]
+        pass_start = passes.attn.query_start_loc_cpu
+        hidden_rows = concat_ranges(target_start[passes.rows], np.diff(pass_start))
+        aux = self.target_model().aux_hidden_states
+        assert aux is not None and len(aux) == step.num_tokens
+        hidden = self.head.combine_hidden_states(aux[self._tensor(hidden_rows)])
+        normed, prenorm = self.head.forward(passes.input_ids, passes.positions, hidden,
+                                            self.attn.build_metadata(passes.attn))
+        draft_batch.num_computed_tokens[passes.rows] = passes.seq_lens
+        if len(drafting):
+            last_of_row = np.zeros(batch.max_num_reqs, dtype=np.int64)
+            last_of_row[passes.rows] = pass_start[1:] - 1
+            self._append(drafting, normed, prenorm, self._tensor(last_of_row[drafting]))
+
+    def _draft_on(self, rows: np.ndarray) -> None:
+        """One pass running each row's last draft with its carried state: the next draft."""
+        passes = self.draft_batch.prepare(rows, np.ones(len(rows), dtype=np.int32),
+                                          self.device)
+        hidden = self._carry[self._tensor(passes.rows)]
+        normed, prenorm = self.head.forward(passes.input_ids, passes.positions, hidden,
+                                            self.attn.build_metadata(passes.attn))
+        self.draft_batch.num_computed_tokens[passes.rows] = passes.seq_lens
+        self._append(passes.rows, normed, prenorm, None)
+
+    def _append(self, rows: np.ndarray, normed: torch.Tensor, prenorm: torch.Tensor,
+                index: torch.Tensor | None) -> None:
+        """Drafts from the states at `index` (all: None) as the next tokens of `rows`."""
+        if index is not None:
+            normed, prenorm = normed[index], prenorm[index]
+        self._carry[self._tensor(rows)] = prenorm
+        self.draft_batch.append(rows, self.head.greedy_tokens(normed).cpu().numpy())
+
+    def _tensor(self, indices: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.asarray(indices, dtype=np.int64)).to(self.device)
