@@ -79,6 +79,10 @@ class Subjects:
     def worker_wake_up(self, engine_id: str) -> str:
         return f"{self.namespace}.engine.{engine_id}.worker.wake_up"
 
+    def worker_weights(self, engine_id: str) -> str:
+        """Weight updates: load, commit or discard new weights (WeightUpdateRequest)."""
+        return f"{self.namespace}.engine.{engine_id}.worker.weights"
+
     # KV cache events (docs/kvstore.md): engines and kvstore nodes -> any subscriber, on a
     # JetStream stream with bounded retention; a subscriber that sees a gap asks the
     # publisher for a snapshot (request/reply).

@@ -23,6 +23,7 @@ from services.scheduler.engine_stats import EngineStats
 from services.scheduler.kv.connector_runtime import KVConnectorRuntime
 from services.scheduler.settings import SchedulerSettings
 from services.scheduler.sleep_control import SLEEP_COMMANDS, SleepControl
+from services.scheduler.weight_updates import WEIGHT_COMMANDS, EnginePause, WeightUpdateControl
 from services.scheduler.step_codec import decode_step_output, encode_step_input
 from services.scheduler.worker_link import StepFailed, StepReply, WorkerGone, WorkerLink
 
@@ -79,6 +80,11 @@ class SchedulerService(Service):
         self._worker_free_at = 0.0    # ... when the worker answered it (its clock, local channel)
         self.kv: KVConnectorRuntime | None = None   # kvstore loads / saves, KV events
         self.sleep: SleepControl | None = None      # sleep mode's admin commands
+        self.weights: WeightUpdateControl | None = None   # weight updates' admin commands
+        self._pause = EnginePause(
+            self._hold_new_requests,
+            lambda: self.scheduler.num_started_requests if self.scheduler is not None else 0,
+            self._is_idle_for_update, self._forget_kv, self._on_new_fingerprint)
 
     # ---- lifecycle
 
@@ -94,6 +100,7 @@ class SchedulerService(Service):
                                      self.metrics, self.log)
         await self.kv.start()
         self.sleep = SleepControl(bus, self.subjects, self.engine_id, self.log)
+        self.weights = WeightUpdateControl(bus, self.subjects, self.engine_id, self.log)
         # NOTE: parsed by upb: what the worker needs of a request (sampling, adapter,
         # images) then travels in its first step without a betterproto round trip.
         await bus.serve(self.subjects.engine_submit(self.engine_id), wire_pb.GenerateRequest,
@@ -133,6 +140,7 @@ class SchedulerService(Service):
             info.prefix_cache_hits = stats.prefix_cache_hits
             info.num_preemptions = stats.num_preemptions
             info.is_sleeping = self.sleep is not None and self.sleep.is_sleeping
+            info.weight_version = self.weights.version if self.weights is not None else ""
             if self.scheduler.loras is not None:
                 info.max_loras = self.scheduler.loras.max_loras
                 info.lora_ids = pack_int32(self.scheduler.loras.held)
@@ -181,10 +189,13 @@ class SchedulerService(Service):
             request = self._make_request(message)
             scheduler = self.scheduler
             if self.kv is not None:
+                version = self.weights.version if self.weights is not None else ""
                 await self.kv.on_admission(scheduler, request)
                 if self.scheduler is not scheduler:   # the worker changed meanwhile
                     return wire.SubmitReply(http_status=503, error="the engine is not ready",
                                             error_code="engine_not_ready", retry_after_s=1.0)
+                if self.weights is not None and self.weights.version != version:
+                    request.kv_store_hit = []   # blocks of the weights before an update
             scheduler.add_request(request)
         except AdmissionRejected as exc:
             if self.stats is not None:
@@ -240,6 +251,14 @@ class SchedulerService(Service):
             if self.scheduler is None or self.worker is None or not self.worker.is_ready:
                 return wire.AdminReply(ok=False, error="the engine is not ready", http_status=503)
             return await self.sleep.on_admin(message, self._until_idle, self._forget_kv)
+        if message.command in WEIGHT_COMMANDS and self.weights is not None:
+            if self.scheduler is None or self.worker is None or not self.worker.is_ready:
+                return wire.AdminReply(ok=False, error="the engine is not ready", http_status=503)
+            if self.sleep is not None and self.sleep.is_sleeping and message.command != (
+                    "weight_version") and "weights" in self.sleep.sleeping_tags:
+                return wire.AdminReply(ok=False, http_status=400, error="the engine's weights "
+                                       "sleep: POST /wake_up?tags=weights first")
+            return await self.weights.on_admin(message, self._pause)
         if message.command == "reset_prefix_cache":
             if self.scheduler is None:
                 return wire.AdminReply(ok=False, error="the engine is not ready")
@@ -247,12 +266,36 @@ class SchedulerService(Service):
             return wire.AdminReply(ok=ok, error="" if ok else "blocks are in use; retry when idle")
         return wire.AdminReply(ok=False, error=f"unknown command {message.command!r}")
 
-    def _forget_kv(self) -> None:
-        """The worker dropped its KV cache: no block holds what its hash says any more."""
+    def _forget_kv(self) -> bool:
+        """The worker dropped its KV cache, or its weights changed: no block holds what its
+        hash says any more. False if blocks are still in use (a step's last frees)."""
         self._reset_worker_rows = True
         if self.scheduler is not None and not self.scheduler.reset_prefix_cache():
             # NOTE: never expected: the sleep waited for every request to finish.
-            self.log.error("prefix cache not reset after sleep: blocks are in use")
+            self.log.error("prefix cache not reset: blocks are in use")
+            return False
+        return True
+
+    # ---- weight updates (weight_updates.py): what a commit needs between steps
+
+    def _hold_new_requests(self, hold: bool) -> None:
+        if self.scheduler is not None:
+            self.scheduler.holds_new_requests = hold
+        self._has_work.set()
+
+    def _is_idle_for_update(self) -> bool:
+        return self.scheduler is None or not (self.scheduler.has_started_requests()
+                                              or self._has_kv_transfers())
+
+    def _on_new_fingerprint(self, kv_fingerprint: str) -> None:
+        """The worker's KV blocks are named anew (its weights changed)."""
+        if self.worker is None or self.worker.info is None or not kv_fingerprint:
+            return   # the KV connector is off
+        self.worker.info.kv_fingerprint = kv_fingerprint
+        if self.kv is not None:
+            self.kv.on_worker_info(self.worker.info)
+        if self.scheduler is not None:
+            self.scheduler.forget_kv_store_hits()
 
     # ---- the step loop
 
@@ -267,6 +310,8 @@ class SchedulerService(Service):
                 await self._count_restart()
             lost = None
             await self._attach_worker(info)
+            if self.weights is not None:
+                await self.weights.on_worker_joined(info, self._pause)
             if self.stats is not None:
                 self.stats.on_step_transport(self.worker.transport)
             try:
@@ -364,7 +409,7 @@ class SchedulerService(Service):
         try:
             while not self.worker.changed.is_set():
                 self._apply_aborts()
-                if self.scheduler.has_unfinished_requests() or self._has_kv_transfers():
+                if self._has_steps_to_take():
                     in_flight = await self._step(incarnation, in_flight)
                 elif in_flight is not None:
                     await self._take_results(in_flight)
@@ -375,6 +420,14 @@ class SchedulerService(Service):
         finally:
             if in_flight is not None:
                 in_flight.abandon()
+
+    def _has_steps_to_take(self) -> bool:
+        """Requests to step (none while a weight update holds all there are), or transfers."""
+        scheduler = self.scheduler
+        assert scheduler is not None
+        return (scheduler.has_unfinished_requests() and not (
+            scheduler.holds_new_requests and not scheduler.has_started_requests())
+        ) or self._has_kv_transfers()
 
     async def _wait_for_work(self) -> None:
         """Until a request, an abort, a worker change, or the next deadline."""

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
+from pathlib import Path
 from typing import TypeVar
 
 from services.common import wire, wire_pb
@@ -25,6 +26,7 @@ from services.worker.kv.transfer import KVTransferThread
 from services.worker.runner.model_runner import ModelRunner, RunnerConfig
 from services.worker.runner.sleep_mode import SleepMode, SleepModeError
 from services.worker.runner.warm_up import warm_up
+from services.worker.runner.weight_update import WeightUpdateError, WeightUpdates
 from services.worker.settings import WorkerSettings
 
 GIL_SWITCH_INTERVAL_S = 0.0002
@@ -52,6 +54,8 @@ class WorkerService(Service):
         self._step_channel: StepChannelServer | None = None
         self._mm_inputs: MultiModalInputs | None = None   # vision models: preprocessed images
         self.sleep_mode: SleepMode | None = None   # with --enable-sleep-mode
+        self.weight_updates: WeightUpdates | None = None
+        self._weights_lock = asyncio.Lock()        # one weight command at a time
 
     async def setup(self) -> None:
         if self.settings.enable_sleep_mode and (self.settings.tensor_parallel_size > 1
@@ -93,6 +97,9 @@ class WorkerService(Service):
                             wire.SleepRequest, self.on_sleep)
             await bus.serve(self.subjects.worker_wake_up(self.settings.engine_id),
                             wire.WakeUpRequest, self.on_wake_up)
+        self.weight_updates = WeightUpdates(self.runner)
+        await bus.serve(self.subjects.worker_weights(self.settings.engine_id),
+                        wire.WeightUpdateRequest, self.on_weights, concurrent=True)
         await bus.publish(self.subjects.worker_hello(self.settings.engine_id), self.worker_info())
 
     def _open_step_channel(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -156,7 +163,8 @@ class WorkerService(Service):
             # An empty fingerprint turns the scheduler's side of the KV connector off.
             kv_fingerprint=self.runner.kv_fingerprint if self.runner.kv_connector else "",
             max_loras=self.runner.lora.manager.max_loras if self.runner.lora else 0,
-            max_cpu_loras=self.runner.lora.manager.max_cpu_loras if self.runner.lora else 0)
+            max_cpu_loras=self.runner.lora.manager.max_cpu_loras if self.runner.lora else 0,
+            weight_version=self.weight_updates.version if self.weight_updates else "")
 
     def readiness(self) -> tuple[bool, str]:
         return (True, "") if self.runner is not None else (False, "loading model")
@@ -202,6 +210,38 @@ class WorkerService(Service):
             reply.error = f"{type(exc).__name__}: {exc}"
         reply.sleeping_tags = sorted(self.sleep_mode.sleeping)
         return reply
+
+    # ---- weight updates (runner/weight_update.py): loads run beside steps, commits between
+
+    async def on_weights(self, message: wire.WeightUpdateRequest) -> wire.WeightUpdateReply:
+        assert self.weight_updates is not None and self.runner is not None
+        updates = self.weight_updates
+        reply = wire.WeightUpdateReply()
+        async with self._weights_lock:
+            try:
+                reply.seconds = await self._weights_call(updates, message)
+            except WeightUpdateError as exc:
+                reply.error, reply.http_status = str(exc), 400
+            except Exception as exc:  # noqa: BLE001 - the caller learns why; the worker stays
+                self.log.exception("weight update failed", command=message.command)
+                reply.error, reply.http_status = f"{type(exc).__name__}: {exc}", 503
+        reply.weight_version = updates.version
+        reply.kv_fingerprint = self.runner.kv_fingerprint if self.runner.kv_connector else ""
+        return reply
+
+    async def _weights_call(self, updates: WeightUpdates,
+                            message: wire.WeightUpdateRequest) -> float:
+        if message.command == "load":
+            if self.sleep_mode is not None and "weights" in self.sleep_mode.sleeping:
+                raise WeightUpdateError("the weights sleep: POST /wake_up?tags=weights first")
+            return await asyncio.to_thread(updates.load, Path(message.model_path),
+                                           message.weight_version)
+        if message.command == "commit":
+            return await self._in_step_thread(updates.commit)
+        if message.command == "discard":
+            updates.discard()
+            return 0.0
+        raise WeightUpdateError(f"unknown weight command {message.command!r}")
 
     def _needs_images(self, step: wire_pb.StepInput) -> bool:
         return self._mm_inputs is not None and any(new.mm_items for new in step.new_requests)

@@ -216,6 +216,13 @@ class EngineInfo(betterproto.Message):
      requests (503) until woken; routers send requests to awake engines.
     """
 
+    weight_version: str = betterproto.string_field(22)
+    """
+    The weights the engine serves ("default": those it started with; else the version of the
+     last weight update). An update pauses the engine between requests, so a request's tokens
+     all come from one version.
+    """
+
 
 @dataclass(eq=False, repr=False)
 class LogprobColumns(betterproto.Message):
@@ -320,8 +327,15 @@ class AbortRequest(betterproto.Message):
 @dataclass(eq=False, repr=False)
 class AdminRequest(betterproto.Message):
     command: str = betterproto.string_field(1)
+    """
+    reset_prefix_cache, sleep, wake_up, is_sleeping; load_weights, commit_weights,
+     discard_weights, weight_version (weight updates: services/scheduler/weight_updates.py)
+    """
+
     level: int = betterproto.int32_field(2)
     tags: List[str] = betterproto.string_field(3)
+    model_path: str = betterproto.string_field(4)
+    weight_version: str = betterproto.string_field(5)
 
 
 @dataclass(eq=False, repr=False)
@@ -330,6 +344,9 @@ class AdminReply(betterproto.Message):
     error: str = betterproto.string_field(2)
     is_sleeping: bool = betterproto.bool_field(3)
     http_status: int = betterproto.int32_field(4)
+    weight_version: str = betterproto.string_field(5)
+    seconds: float = betterproto.double_field(6)
+    num_requests_finished_first: int = betterproto.int32_field(7)
 
 
 @dataclass(eq=False, repr=False)
@@ -352,6 +369,27 @@ class SleepReply(betterproto.Message):
     error: str = betterproto.string_field(1)
     sleeping_tags: List[str] = betterproto.string_field(2)
     seconds: float = betterproto.double_field(3)
+
+
+@dataclass(eq=False, repr=False)
+class WeightUpdateRequest(betterproto.Message):
+    """
+    Scheduler -> its worker, weight updates: load new weights beside the ones serving (steps go
+     on meanwhile), swap them in between steps, or drop them. Answered with WeightUpdateReply.
+    """
+
+    command: str = betterproto.string_field(1)
+    model_path: str = betterproto.string_field(2)
+    weight_version: str = betterproto.string_field(3)
+
+
+@dataclass(eq=False, repr=False)
+class WeightUpdateReply(betterproto.Message):
+    error: str = betterproto.string_field(1)
+    http_status: int = betterproto.int32_field(2)
+    seconds: float = betterproto.double_field(3)
+    weight_version: str = betterproto.string_field(4)
+    kv_fingerprint: str = betterproto.string_field(5)
 
 
 @dataclass(eq=False, repr=False)
@@ -545,6 +583,11 @@ class WorkerInfo(betterproto.Message):
     """
 
     step_channel: str = betterproto.string_field(14)
+    weight_version: str = betterproto.string_field(15)
+    """
+    The weights it serves: "default" (the checkpoint it started from) or the version of the
+     last update (POST /update_weights_from_disk), which its KV fingerprint includes.
+    """
 
 
 @dataclass(eq=False, repr=False)

@@ -145,7 +145,7 @@ class Heartbeat(_message.Message):
     def __init__(self, service: _Optional[str] = ..., instance_id: _Optional[str] = ..., ready: _Optional[bool] = ..., reason: _Optional[str] = ..., time: _Optional[float] = ..., engine_id: _Optional[str] = ..., engine: _Optional[_Union[EngineInfo, _Mapping]] = ..., reconnects: _Optional[int] = ...) -> None: ...
 
 class EngineInfo(_message.Message):
-    __slots__ = ("model", "max_model_len", "block_size", "num_blocks", "num_running", "num_waiting", "kv_cache_usage", "num_waiting_tokens", "worker_ready", "prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "kv_role", "num_steps", "external_prefix_cache_queries", "external_prefix_cache_hits", "max_num_seqs", "max_loras", "lora_ids", "num_running_prefill_tokens", "is_sleeping")
+    __slots__ = ("model", "max_model_len", "block_size", "num_blocks", "num_running", "num_waiting", "kv_cache_usage", "num_waiting_tokens", "worker_ready", "prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "kv_role", "num_steps", "external_prefix_cache_queries", "external_prefix_cache_hits", "max_num_seqs", "max_loras", "lora_ids", "num_running_prefill_tokens", "is_sleeping", "weight_version")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -167,6 +167,7 @@ class EngineInfo(_message.Message):
     LORA_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     IS_SLEEPING_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     model: str
     max_model_len: int
     block_size: int
@@ -188,7 +189,8 @@ class EngineInfo(_message.Message):
     lora_ids: bytes
     num_running_prefill_tokens: int
     is_sleeping: bool
-    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., block_size: _Optional[int] = ..., num_blocks: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., num_waiting_tokens: _Optional[int] = ..., worker_ready: _Optional[bool] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., kv_role: _Optional[str] = ..., num_steps: _Optional[int] = ..., external_prefix_cache_queries: _Optional[int] = ..., external_prefix_cache_hits: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_loras: _Optional[int] = ..., lora_ids: _Optional[bytes] = ..., num_running_prefill_tokens: _Optional[int] = ..., is_sleeping: _Optional[bool] = ...) -> None: ...
+    weight_version: str
+    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., block_size: _Optional[int] = ..., num_blocks: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., num_waiting_tokens: _Optional[int] = ..., worker_ready: _Optional[bool] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., kv_role: _Optional[str] = ..., num_steps: _Optional[int] = ..., external_prefix_cache_queries: _Optional[int] = ..., external_prefix_cache_hits: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_loras: _Optional[int] = ..., lora_ids: _Optional[bytes] = ..., num_running_prefill_tokens: _Optional[int] = ..., is_sleeping: _Optional[bool] = ..., weight_version: _Optional[str] = ...) -> None: ...
 
 class LogprobColumns(_message.Message):
     __slots__ = ("token_ids", "logprobs", "num_top", "top_token_ids", "top_logprobs")

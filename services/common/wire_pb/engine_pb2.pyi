@@ -58,26 +58,36 @@ class AbortRequest(_message.Message):
     def __init__(self, request_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ...) -> None: ...
 
 class AdminRequest(_message.Message):
-    __slots__ = ("command", "level", "tags")
+    __slots__ = ("command", "level", "tags", "model_path", "weight_version")
     COMMAND_FIELD_NUMBER: _ClassVar[int]
     LEVEL_FIELD_NUMBER: _ClassVar[int]
     TAGS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     command: str
     level: int
     tags: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, command: _Optional[str] = ..., level: _Optional[int] = ..., tags: _Optional[_Iterable[str]] = ...) -> None: ...
+    model_path: str
+    weight_version: str
+    def __init__(self, command: _Optional[str] = ..., level: _Optional[int] = ..., tags: _Optional[_Iterable[str]] = ..., model_path: _Optional[str] = ..., weight_version: _Optional[str] = ...) -> None: ...
 
 class AdminReply(_message.Message):
-    __slots__ = ("ok", "error", "is_sleeping", "http_status")
+    __slots__ = ("ok", "error", "is_sleeping", "http_status", "weight_version", "seconds", "num_requests_finished_first")
     OK_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     IS_SLEEPING_FIELD_NUMBER: _ClassVar[int]
     HTTP_STATUS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_REQUESTS_FINISHED_FIRST_FIELD_NUMBER: _ClassVar[int]
     ok: bool
     error: str
     is_sleeping: bool
     http_status: int
-    def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ..., is_sleeping: _Optional[bool] = ..., http_status: _Optional[int] = ...) -> None: ...
+    weight_version: str
+    seconds: float
+    num_requests_finished_first: int
+    def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ..., is_sleeping: _Optional[bool] = ..., http_status: _Optional[int] = ..., weight_version: _Optional[str] = ..., seconds: _Optional[float] = ..., num_requests_finished_first: _Optional[int] = ...) -> None: ...
 
 class SleepRequest(_message.Message):
     __slots__ = ("level",)
@@ -100,6 +110,30 @@ class SleepReply(_message.Message):
     sleeping_tags: _containers.RepeatedScalarFieldContainer[str]
     seconds: float
     def __init__(self, error: _Optional[str] = ..., sleeping_tags: _Optional[_Iterable[str]] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class WeightUpdateRequest(_message.Message):
+    __slots__ = ("command", "model_path", "weight_version")
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    command: str
+    model_path: str
+    weight_version: str
+    def __init__(self, command: _Optional[str] = ..., model_path: _Optional[str] = ..., weight_version: _Optional[str] = ...) -> None: ...
+
+class WeightUpdateReply(_message.Message):
+    __slots__ = ("error", "http_status", "seconds", "weight_version", "kv_fingerprint")
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    HTTP_STATUS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    KV_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    error: str
+    http_status: int
+    seconds: float
+    weight_version: str
+    kv_fingerprint: str
+    def __init__(self, error: _Optional[str] = ..., http_status: _Optional[int] = ..., seconds: _Optional[float] = ..., weight_version: _Optional[str] = ..., kv_fingerprint: _Optional[str] = ...) -> None: ...
 
 class RequestDeltaBatch(_message.Message):
     __slots__ = ("engine_id", "step", "request_ids", "num_new_tokens", "new_token_ids", "finish_reasons", "finished", "logprobs", "num_cached_tokens", "output_positions")
@@ -258,7 +292,7 @@ class PromptLogprobChunk(_message.Message):
     def __init__(self, handle: _Optional[int] = ..., columns: _Optional[_Union[_common_pb2.LogprobColumns, _Mapping]] = ..., is_last_chunk: _Optional[bool] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("engine_id", "worker_id", "num_blocks", "block_size", "max_model_len", "model", "vocab_size", "eos_token_ids", "incarnation", "kv_fingerprint", "max_loras", "max_cpu_loras", "host_id", "step_channel")
+    __slots__ = ("engine_id", "worker_id", "num_blocks", "block_size", "max_model_len", "model", "vocab_size", "eos_token_ids", "incarnation", "kv_fingerprint", "max_loras", "max_cpu_loras", "host_id", "step_channel", "weight_version")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -273,6 +307,7 @@ class WorkerInfo(_message.Message):
     MAX_CPU_LORAS_FIELD_NUMBER: _ClassVar[int]
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_CHANNEL_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
     worker_id: str
     num_blocks: int
@@ -287,7 +322,8 @@ class WorkerInfo(_message.Message):
     max_cpu_loras: int
     host_id: str
     step_channel: str
-    def __init__(self, engine_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[bytes] = ..., incarnation: _Optional[int] = ..., kv_fingerprint: _Optional[str] = ..., max_loras: _Optional[int] = ..., max_cpu_loras: _Optional[int] = ..., host_id: _Optional[str] = ..., step_channel: _Optional[str] = ...) -> None: ...
+    weight_version: str
+    def __init__(self, engine_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[bytes] = ..., incarnation: _Optional[int] = ..., kv_fingerprint: _Optional[str] = ..., max_loras: _Optional[int] = ..., max_cpu_loras: _Optional[int] = ..., host_id: _Optional[str] = ..., step_channel: _Optional[str] = ..., weight_version: _Optional[str] = ...) -> None: ...
 
 class WorkerInfoRequest(_message.Message):
     __slots__ = ()

@@ -81,6 +81,9 @@ class Scheduler:
         self._num_waiting_tokens = 0
         self._finished_handles: list[int] = []
         self._step = 0
+        self.holds_new_requests = False
+        """A weight update waits for the requests under way: queued ones that have not started
+        keep their place and start after it, on the new weights (preempted ones resume)."""
 
         self.num_preemptions = 0
         self.spec_decoding_stats = (SpecDecodingStats() if config.num_speculative_tokens
@@ -235,11 +238,13 @@ class Scheduler:
             return
         loras = self.loras
         active_loras = loras.active(self.requests.values()) if loras is not None else set()
-        skipped: list[Request] = []   # their adapter would exceed max_loras: they keep place
+        # Their adapter would exceed max_loras, or a weight update holds them: they keep place.
+        skipped: list[Request] = []
         while (self.waiting and plan.prefill_budget > 0
                and len(self.running) < self.max_num_seqs):
             request = self.waiting.peek_request()
-            if loras is not None and not loras.admits(active_loras, request.lora_id):
+            if ((loras is not None and not loras.admits(active_loras, request.lora_id))
+                    or (self.holds_new_requests and not is_started(request))):
                 skipped.append(self.waiting.pop_request())
                 continue
             if not self._schedule_waiting_request(plan, request):
@@ -547,6 +552,20 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
+    def has_started_requests(self) -> bool:
+        """Whether a request has KV or tokens of the weights serving now (weight updates)."""
+        return any(is_started(request) for request in self.requests.values())
+
+    @property
+    def num_started_requests(self) -> int:
+        return sum(is_started(request) for request in self.requests.values())
+
+    def forget_kv_store_hits(self) -> None:
+        """The kvstore's blocks found at admission were named by the weights before an update:
+        the queued requests compute theirs."""
+        for request in self.waiting:
+            request.kv_store_hit = []
+
     def has_finished_requests(self) -> bool:
         """Rows the worker still holds for ended requests: worth a step even with no work."""
         return bool(self._finished_handles)
@@ -596,3 +615,7 @@ class Scheduler:
         self._prefix_cache_queries += prefix.queries
         self._prefix_cache_hits += prefix.hits
 
+
+def is_started(request: Request) -> bool:
+    """Scheduled once (it may be preempted since), or holding KV it loaded."""
+    return request.first_scheduled_time is not None or request.num_computed_tokens > 0

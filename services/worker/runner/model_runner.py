@@ -237,7 +237,7 @@ class ModelRunner:
                                                self.max_num_blocks_per_req, self.device)
             self.cuda_graphs.capture()
 
-    # ---- sleep mode (runner/sleep_mode.py): the model's weights go and come back
+    # ---- sleep mode (runner/sleep_mode.py) and weight updates (runner/weight_update.py)
 
     def release_model(self) -> None:
         """Drops every reference to the model's weights (the CUDA graphs hold them too)."""
@@ -246,7 +246,15 @@ class ModelRunner:
 
     def load_model(self, model_dir: Path) -> None:
         """Builds the model anew from `model_dir`'s weights, over the same KV cache."""
-        self.model = self._load_model(model_dir)
+        self.swap_model(self.build_model(model_dir))
+
+    def build_model(self, model_dir: Path) -> LlamaForCausalLM | TensorParallelModel:
+        """The model of `model_dir`'s weights, not serving yet."""
+        return self._load_model(model_dir)
+
+    def swap_model(self, model: LlamaForCausalLM | TensorParallelModel) -> None:
+        """Serves `model` from the next step on, over the same KV cache."""
+        self.model = model
         self.model.bind_kv_caches(self.kv_caches)
         self._capture_cuda_graphs()
 
