@@ -35,6 +35,7 @@ from services.gateway.files_batches import files_batches_router
 from services.gateway.lora_routes import lora_router, require_admin
 from services.gateway.responses_api_routes import responses_router
 from services.gateway.sleep_routes import sleep_router
+from services.gateway.weight_routes import weight_router
 
 log = structlog.get_logger(__name__)
 VERSION = "0.1.0"
@@ -156,6 +157,7 @@ def create_app(ctx: FrontendContext, registry: CollectorRegistry,
     app.include_router(responses_router(ctx))
     app.include_router(lora_router(ctx, api_keys))
     app.include_router(sleep_router(ctx, api_keys))
+    app.include_router(weight_router(ctx, api_keys))
     return app
 
 

@@ -166,12 +166,14 @@ class MeshClient:
             generation.scheduler_id = reply.scheduler_id
 
     async def admin(self, engine_id: str, command: str, *, level: int = 0,
-                    tags: Sequence[str] = (), timeout_s: float | None = None
-                    ) -> wire.AdminReply:
-        """An admin command to one engine's scheduler; `level` and `tags` are sleep mode's."""
-        return await self._bus.request(self._subjects.engine_admin(engine_id),
-                                       wire.AdminRequest(command=command, level=level,
-                                                         tags=list(tags)), wire.AdminReply,
+                    tags: Sequence[str] = (), model_path: str = "", weight_version: str = "",
+                    timeout_s: float | None = None) -> wire.AdminReply:
+        """An admin command to one engine's scheduler; `level` and `tags` are sleep mode's,
+        `model_path` and `weight_version` weight updates'."""
+        message = wire.AdminRequest(command=command, level=level, tags=list(tags),
+                                    model_path=model_path, weight_version=weight_version)
+        return await self._bus.request(self._subjects.engine_admin(engine_id), message,
+                                       wire.AdminReply,
                                        timeout=timeout_s or self._submit_timeout_s)
 
     async def abort(self, generations: list[Generation]) -> None:
