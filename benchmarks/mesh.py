@@ -9,7 +9,8 @@ the other in one invocation, so a comparison is measured in one run on one machi
 
 Each --bench runs in turn against each configuration's mesh. Prints the bench reports, the
 step messaging of each bench (the worker call's time beyond the worker's own: the step
-transport, local channel or NATS, and serialization; from the schedulers' metrics) and the
+transport, local channel or NATS, and serialization; from the schedulers' metrics), its
+speculative decoding's acceptance length where drafts were verified, and the
 CPU seconds each process spent during each bench, and writes JSON results and every
 service's /metrics under --out.
 """
@@ -56,16 +57,21 @@ class StepTotals:
     messaging: float
     hop_steps: float                  # steps that went over the local channel
     hops: tuple[float, ...]           # the sum of each of HOPS
+    spec: tuple[float, ...]           # speculative decoding: each of SPEC_COUNTERS
 
     def __sub__(self, before: StepTotals) -> StepTotals:
         return StepTotals(self.steps - before.steps, self.step - before.step,
                           self.execute - before.execute, self.messaging - before.messaging,
                           self.hop_steps - before.hop_steps,
-                          tuple(a - b for a, b in zip(self.hops, before.hops, strict=True)))
+                          tuple(a - b for a, b in zip(self.hops, before.hops, strict=True)),
+                          tuple(a - b for a, b in zip(self.spec, before.spec, strict=True)))
+
+
+SPEC_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 
 
 def step_totals(mesh: RunningMesh) -> StepTotals:
-    totals = StepTotals(0.0, 0.0, 0.0, 0.0, 0.0, (0.0,) * len(HOPS))
+    totals = StepTotals(0.0, 0.0, 0.0, 0.0, 0.0, (0.0,) * len(HOPS), (0.0,) * len(SPEC_COUNTERS))
     for service, health in service_health_urls(mesh.log).items():
         if service.split(".")[0] == "scheduler":
             text = scrape(metrics_url(health))
@@ -77,8 +83,21 @@ def step_totals(mesh: RunningMesh) -> StepTotals:
                 totals.messaging + sum_of(text, "llm_mesh:step_messaging_seconds_sum"),
                 totals.hop_steps + sum_of(text, f"{hop}_count", 'hop="back"'),
                 tuple(total + sum_of(text, f"{hop}_sum", f'hop="{name}"')
-                      for total, name in zip(totals.hops, HOPS, strict=True)))
+                      for total, name in zip(totals.hops, HOPS, strict=True)),
+                tuple(total + sum_of(text, f"vllm:spec_decode_{name}_total")
+                      for total, name in zip(totals.spec, SPEC_COUNTERS, strict=True)))
     return totals
+
+
+def acceptance(during: StepTotals) -> str:
+    """vLLM's mean acceptance length (tokens a verifying step emits: 1 + accepted drafts)
+    and the share of draft tokens accepted; empty without speculation."""
+    num_drafts, num_draft_tokens, num_accepted = during.spec
+    if not num_drafts:
+        return ""
+    return (f"; speculative decoding: acceptance length {1 + num_accepted / num_drafts:.2f}, "
+            f"{100 * num_accepted / num_draft_tokens:.0f}% of {num_draft_tokens:.0f} draft "
+            f"tokens accepted")
 
 
 def step_overhead(during: StepTotals) -> str:
@@ -110,7 +129,8 @@ def run_config(label: str, up_args: Sequence[str], benches: Sequence[Sequence[st
                 results.append(bench_serve(mesh.url, out_dir / f"{label}.{index}.json",
                                            bench_args))
             print(f"{label} bench {index}: {use.report()}", flush=True)
-            print(f"{label} bench {index} steps: {step_overhead(step_totals(mesh) - before)}",
+            during = step_totals(mesh) - before
+            print(f"{label} bench {index} steps: {step_overhead(during)}{acceptance(during)}",
                   flush=True)
         scrape_services(mesh, label, out_dir)
     return results
