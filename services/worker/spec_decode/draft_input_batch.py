@@ -70,14 +70,13 @@ class DraftInputBatch:
         return batch, allocate_kv_caches(kv_spec, num_blocks, device)
 
     def prepare(self, rows: np.ndarray, num_scheduled: np.ndarray,
-                device: torch.device) -> StepBatch:
+                device: torch.device) -> StepBatch | None:
         """A draft pass over `num_scheduled` tokens of each row from its computed ones,
-        built like a target step (decodes first, then the others, each in order)."""
+        built like a target step (decodes first, then the others, each in order); None when
+        it has no tokens."""
         step = wire_pb.StepInput(cached_handles=pack_int32(rows),
                                  num_scheduled_tokens=pack_int32(num_scheduled))
-        step_batch = prepare_step_batch(step, self, self.block_size, device)
-        assert step_batch is not None, "a draft pass with no tokens"
-        return step_batch
+        return prepare_step_batch(step, self, self.block_size, device)
 
     def rows_of(self, handles: np.ndarray) -> np.ndarray:
         return np.asarray(handles, dtype=np.int64)

@@ -102,8 +102,8 @@ class DraftModelProposer(Proposer):
                   ).astype(np.int64)
         before = np.cumsum(wanted) - wanted
         num_scheduled = np.clip(self.token_budget - before, 0, wanted)
-        # NOTE: the first row always fits the budget.
         step_batch = draft_batch.prepare(rows, num_scheduled, self.device)
+        assert step_batch is not None   # the first row always fits the budget
         hidden = self.model.forward(step_batch.input_ids, step_batch.positions,
                                     self.attn.build_metadata(step_batch.attn))
         draft_batch.num_computed_tokens[step_batch.rows] = step_batch.seq_lens

@@ -93,8 +93,17 @@ class Eagle3Proposer(Proposer):
         batch.num_draft_tokens[rows] = 0
         step, self._step = self._step, None
         assert step is not None, "propose without the step's forward pass"
+        caught_up = self._catch_up(batch, step)
+        if caught_up is None:
+            return np.zeros(len(rows), dtype=np.int32)
+        passes, normed, prenorm = caught_up
+        # NOTE: a decode whose sample waits for its grammar kept no position: no drafts yet.
+        num_drafts[~np.isin(rows, passes.rows)] = 0
         drafting = rows[num_drafts > 0]
-        self._catch_up(batch, step, drafting)
+        if len(drafting):
+            last_of_row = np.zeros(batch.max_num_reqs, dtype=np.int64)
+            last_of_row[passes.rows] = passes.attn.query_start_loc_cpu[1:] - 1
+            self._append(drafting, normed, prenorm, self._tensor(last_of_row[drafting]))
         # A row's tokens as the head counts them (shifted by one) once all its drafts are in.
         goal = np.zeros(batch.max_num_reqs, dtype=np.int64)
         goal[drafting] = batch.num_tokens[drafting] - 1 + num_drafts[num_drafts > 0]
@@ -104,8 +113,10 @@ class Eagle3Proposer(Proposer):
         batch.num_draft_tokens[rows] = num_drafts
         return num_drafts
 
-    def _catch_up(self, batch: InputBatch, step: StepBatch, drafting: np.ndarray) -> None:
-        """Runs the head over the step's kept positions; `drafting` rows get a first draft."""
+    def _catch_up(self, batch: InputBatch, step: StepBatch
+                  ) -> tuple[StepBatch, torch.Tensor, torch.Tensor] | None:
+        """Runs the head over the step's kept positions whose next token is known: the
+        pass, its normed and pre-norm states (None: no such position)."""
         draft_batch = self.draft_batch
         query_start = step.attn.query_start_loc_cpu
         first = step.seq_lens - np.diff(query_start)   # each row's first position in the step
@@ -113,26 +124,26 @@ class Eagle3Proposer(Proposer):
         draft_batch.begin(batch, step.rows, shift=1)
         draft_batch.num_computed_tokens[step.rows] = first
         passes = draft_batch.prepare(step.rows, kept - first, self.device)
+        if passes is None:
+            return None
         # Row -> where its positions start in the target's step, then in this pass.
         target_start = np.zeros(batch.max_num_reqs, dtype=np.int64)
         target_start[step.rows] = query_start[:-1]
-        pass_start = passes.attn.query_start_loc_cpu
-        hidden_rows = concat_ranges(target_start[passes.rows], np.diff(pass_start))
+        hidden_rows = concat_ranges(target_start[passes.rows],
+                                    np.diff(passes.attn.query_start_loc_cpu))
         aux = self.target_model().aux_hidden_states
         assert aux is not None and len(aux) == step.num_tokens
         hidden = self.head.combine_hidden_states(aux[self._tensor(hidden_rows)])
         normed, prenorm = self.head.forward(passes.input_ids, passes.positions, hidden,
                                             self.attn.build_metadata(passes.attn))
         draft_batch.num_computed_tokens[passes.rows] = passes.seq_lens
-        if len(drafting):
-            last_of_row = np.zeros(batch.max_num_reqs, dtype=np.int64)
-            last_of_row[passes.rows] = pass_start[1:] - 1
-            self._append(drafting, normed, prenorm, self._tensor(last_of_row[drafting]))
+        return passes, normed, prenorm
 
     def _draft_on(self, rows: np.ndarray) -> None:
         """One pass running each row's last draft with its carried state: the next draft."""
         passes = self.draft_batch.prepare(rows, np.ones(len(rows), dtype=np.int32),
                                           self.device)
+        assert passes is not None
         hidden = self._carry[self._tensor(passes.rows)]
         normed, prenorm = self.head.forward(passes.input_ids, passes.positions, hidden,
                                             self.attn.build_metadata(passes.attn))
