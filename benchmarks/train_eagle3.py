@@ -8,7 +8,8 @@ greedy chat answers, in a few CPU minutes, and writes it in vLLM's checkpoint la
    serve --workload dataset --endpoint chat`).
 2. The target answers each training prompt greedily (the mesh's own model runner, fp32);
    one HF forward pass over each answer keeps the residual stream entering layers 2, L // 2
-   and L - 3 and the target's argmax at every position (the labels).
+   and L - 3 and the target's argmax at every position (the labels). Kept in
+   `<out>/target_data-<max new tokens>.pt`, which a later run reuses (delete to redo).
 3. The head learns with teacher forcing over `--ttt-steps` steps of its own rollout
    (EAGLE-3's training-time test): step 0 reads the target's states; step j reads step
    j - 1's pre-norm output one position back and attends to step 0's keys up to j positions
@@ -266,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--draft-vocab-size", type=int, default=4096)
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--ttt-steps", type=int, default=3, help="rollout steps trained")
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--batch-size", type=int, default=4, help="sequences per update")
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -289,11 +290,17 @@ def main(argv: Sequence[str] | None = None) -> None:
             f.write(json.dumps({"messages": [{"role": "user", "content": prompt}]}) + "\n")
 
     started = time.perf_counter()
-    prompt_ids = [chat_ids(tokenizer, p) for p in train_prompts + eval_prompts]
-    answers = target_answers(model_dir, prompt_ids, args.max_new_tokens)
-    print(f"target answers: {time.perf_counter() - started:.0f} s", flush=True)
-    data = target_states(model, [(p + a, len(p)) for p, a in zip(prompt_ids, answers,
-                                                                 strict=True)], aux_layer_ids)
+    cache = args.out / f"target_data-{args.max_new_tokens}.pt"
+    if cache.exists():   # the target's part is deterministic: reuse it to train again
+        data = torch.load(cache)
+    else:
+        prompt_ids = [chat_ids(tokenizer, p) for p in train_prompts + eval_prompts]
+        answers = target_answers(model_dir, prompt_ids, args.max_new_tokens)
+        print(f"target answers: {time.perf_counter() - started:.0f} s", flush=True)
+        data = target_states(model, [(p + a, len(p)) for p, a in zip(prompt_ids, answers,
+                                                                     strict=True)],
+                             aux_layer_ids)
+        torch.save(data, cache)
     train, held_out = data[:len(train_prompts)], data[len(train_prompts):]
     print(f"target data: {len(data)} answers, {sum(len(d[0]) for d in data)} tokens, "
           f"{time.perf_counter() - started:.0f} s", flush=True)
