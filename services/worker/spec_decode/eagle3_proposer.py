@@ -57,8 +57,8 @@ class Eagle3Proposer(Proposer):
         if config.tensor_parallel_size > 1:
             raise Eagle3Error("eagle3 runs with one rank: drop --tensor-parallel-size")
         if device.type == "cuda" and config.enable_cuda_graphs:
-            raise Eagle3Error("eagle3 does not run under CUDA graphs yet: disable them "
-                              "(enable_cuda_graphs=False)")
+            raise Eagle3Error("eagle3 does not run under CUDA graphs yet (a replayed graph "
+                              "does not keep the target's hidden states): serve it on CPU")
         head_dir = resolve_model(spec.model).hf_dir
         head_runner_config = replace(config, model_dir=head_dir, speculative_config=None)
         head_config = ModelConfig.from_hf_dir(head_dir)
