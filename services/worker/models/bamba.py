@@ -2,12 +2,11 @@
 
 Every layer is  h += mixer(rms_norm(h));  h += mlp(rms_norm(h)),  where the mixer is a Mamba2
 mixer (mamba2.py), or causal attention at the config's attn_layer_indices (partial rope over
-half of each head). Runs a flattened varlen batch over per-sequence slots (StateBatch): a slot
-holds a sequence's Mamba states in every Mamba layer and its keys and values in every attention
-layer, so several prompts, continued prefill chunks and decodes share one forward pass.
-
-NOTE: standalone for now: the engine's model runner, block pool and paged attention do not run
-it yet (docs/hybrid_models.md says what is built and what is planned).
+half of each head, bamba_attention.py). A step runs the engine's flattened varlen batch: the
+attention layers read and write the paged KV cache through the attention backend, the Mamba
+layers continue each sequence's state in its slot, which the step names beforehand
+(set_step_states: the worker's slot of a request is its persistent row,
+runner/hybrid_states.py), so prompts, continued prefill chunks and decodes share one pass.
 """
 
 from __future__ import annotations
@@ -20,12 +19,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from services.worker.models.bamba_attention import PartialRotary, SlotAttention, SlotKVCache
+from services.worker.attention.backend import AttentionBackend, KVCache
+from services.worker.models.bamba_attention import BambaAttention, PartialRotary
+from services.worker.models.config import ModelConfig, UnsupportedModelError
 from services.worker.models.layers import Linear
 from services.worker.models.mamba2 import Mamba2Mixer, Mamba2Shape, Mamba2State, StateBatch
+from services.worker.models.quantized import BlockSource
 from services.worker.models.weights import WeightSource
-
-LayerState = Mamba2State | SlotKVCache
 
 
 @dataclass(frozen=True)
@@ -95,16 +95,23 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
+def _num_bytes(*holders: object) -> int:
+    """Bytes of the tensors and linears `holders` keep as attributes."""
+    return sum(value.num_bytes if isinstance(value, Linear)
+               else value.numel() * value.element_size()
+               for holder in holders for value in vars(holder).values()
+               if isinstance(value, Linear | torch.Tensor))
+
+
 class BambaDecoderLayer:
     def __init__(self, config: BambaConfig, weights: WeightSource, index: int,
-                 rotary: PartialRotary):
+                 rotary: PartialRotary, attn: AttentionBackend):
         prefix = f"layers.{index}."
-        self.is_attention = index in config.attn_layer_indices
-        self.mixer: Mamba2Mixer | SlotAttention
-        if self.is_attention:
-            self.mixer = SlotAttention(weights, prefix + "self_attn.",
-                                       config.num_attention_heads, config.num_key_value_heads,
-                                       config.head_dim, config.attention_bias, rotary)
+        self.mixer: Mamba2Mixer | BambaAttention
+        if index in config.attn_layer_indices:
+            self.mixer = BambaAttention(weights, prefix + "self_attn.",
+                                        config.num_attention_heads, config.num_key_value_heads,
+                                        config.head_dim, config.attention_bias, rotary, attn)
         else:
             self.mixer = Mamba2Mixer(config.mamba, weights, prefix + "mamba.",
                                      config.rms_norm_eps, config.dt_limit)
@@ -119,58 +126,75 @@ class BambaDecoderLayer:
         self.pre_ff_layernorm = weights.get(prefix + "pre_ff_layernorm.weight")
         self.eps = config.rms_norm_eps
 
-    def forward(self, hidden: torch.Tensor, batch: StateBatch, cos: torch.Tensor,
-                sin: torch.Tensor, state: LayerState) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                attn_metadata: Any, states: StateBatch,
+                state: Mamba2State | None) -> torch.Tensor:
+        """`state`: this layer's slots where it is a Mamba layer."""
         normed = _rms_norm(hidden, self.input_layernorm, self.eps)
-        if isinstance(self.mixer, SlotAttention):
-            hidden = hidden + self.mixer.forward(normed, batch, cos, sin, state)
+        if isinstance(self.mixer, BambaAttention):
+            hidden = hidden + self.mixer.forward(normed, cos, sin, attn_metadata)
         else:
-            hidden = hidden + self.mixer.forward(normed, batch, state)
+            assert state is not None
+            hidden = hidden + self.mixer.forward(normed, states, state)
         gate, up = self.gate_up_proj(_rms_norm(hidden, self.pre_ff_layernorm, self.eps)).chunk(
             2, dim=-1)
         return hidden + self.down_proj(F.silu(gate) * up)
 
 
 class BambaForCausalLM:
-    def __init__(self, config: BambaConfig, weights: WeightSource):
-        self.config = config
+    """The engine's model interface (as LlamaForCausalLM's) over Bamba's layers."""
+
+    def __init__(self, config: ModelConfig, weights: WeightSource, attn: AttentionBackend,
+                 max_position: int, blocks: BlockSource | None = None,
+                 quantization: str = "none"):
+        if quantization != "none" or blocks is not None or weights.quantization is not None:
+            raise UnsupportedModelError("a hybrid (Bamba) model runs unquantized weights only")
+        self.config = bamba = BambaConfig.from_dir(weights.model_dir)
         self.dtype, self.device = weights.dtype, weights.device
-        self.rotary = PartialRotary(config.head_dim, config.partial_rotary_factor,
-                                    config.rope_theta, weights.device)
+        self.rotary = PartialRotary(bamba.head_dim, bamba.partial_rotary_factor,
+                                    bamba.rope_theta, weights.device)
         self.embed_tokens = weights.get("embed_tokens.weight")
-        self.layers = [BambaDecoderLayer(config, weights, i, self.rotary)
-                       for i in range(config.num_hidden_layers)]
+        self.layers = [BambaDecoderLayer(bamba, weights, i, self.rotary, attn)
+                       for i in range(bamba.num_hidden_layers)]
+        self.mamba_layers = [layer for layer in self.layers
+                             if isinstance(layer.mixer, Mamba2Mixer)]
         self.final_layernorm = weights.get("final_layernorm.weight")
-        tied = config.tie_word_embeddings or "lm_head.weight" not in weights
+        tied = bamba.tie_word_embeddings or "lm_head.weight" not in weights
         self.lm_head = Linear(self.embed_tokens if tied else weights.get("lm_head.weight"))
-        self.states: list[LayerState] = []
+        self.num_bytes = _num_bytes(self, *self.layers, *(layer.mixer for layer in self.layers))
+        self.small_batch_bytes = self.num_bytes   # no GGUF blocks: a step reads every weight
+        self._step_states: tuple[list[Mamba2State], StateBatch] | None = None
 
-    @classmethod
-    def from_pretrained(cls, model_dir: Path, dtype: torch.dtype,
-                        device: torch.device) -> BambaForCausalLM:
-        return cls(BambaConfig.from_dir(model_dir), WeightSource(model_dir, dtype, device))
+    def allocate_states(self, num_slots: int,
+                        ssm_dtype: torch.dtype = torch.float32) -> list[Mamba2State]:
+        """Per Mamba layer, num_slots sequences' states."""
+        return [Mamba2State.allocate(self.config.mamba, num_slots, self.dtype, ssm_dtype,
+                                     self.device) for _ in self.mamba_layers]
 
-    def allocate_states(self, num_slots: int, max_seq_len: int,
-                        ssm_dtype: torch.dtype = torch.float32) -> list[LayerState]:
-        """Per layer, num_slots sequences' Mamba states or (up to max_seq_len) keys and
-        values."""
-        config = self.config
-        return [SlotKVCache.allocate(num_slots, max_seq_len, config.num_key_value_heads,
-                                     config.head_dim, self.dtype, self.device)
-                if layer.is_attention else
-                Mamba2State.allocate(config.mamba, num_slots, self.dtype, ssm_dtype, self.device)
-                for layer in self.layers]
+    def bind_kv_caches(self, kv_caches: list[KVCache]) -> None:
+        attention = [layer.mixer for layer in self.layers
+                     if isinstance(layer.mixer, BambaAttention)]
+        for mixer, kv_cache in zip(attention, kv_caches, strict=True):
+            mixer.kv_cache = kv_cache
 
-    def bind_states(self, states: list[LayerState]) -> None:
-        assert len(states) == len(self.layers)
-        self.states = states
+    def set_step_states(self, states: list[Mamba2State], batch: StateBatch) -> None:
+        """The Mamba layers' slots and the next forward pass's sequences in them."""
+        assert len(states) == len(self.mamba_layers)
+        self._step_states = states, batch
 
-    def forward(self, input_ids: torch.Tensor, batch: StateBatch) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: Any,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """Final hidden states [T, hidden_size] of the flattened batch input_ids [T]."""
+        assert inputs_embeds is None, "Bamba takes no input embeddings"
+        assert self._step_states is not None, "set_step_states before each forward pass"
+        states, batch = self._step_states
+        self._step_states = None   # NOTE: one pass per StateBatch: a stale one is never reused
+        slots = iter(states)
         hidden = F.embedding(input_ids, self.embed_tokens)
-        cos, sin = self.rotary.lookup(batch.positions(self.device))
-        for layer, state in zip(self.layers, self.states, strict=True):
-            hidden = layer.forward(hidden, batch, cos, sin, state)
+        cos, sin = self.rotary.lookup(positions)
+        for layer in self.layers:
+            state = next(slots) if isinstance(layer.mixer, Mamba2Mixer) else None
+            hidden = layer.forward(hidden, cos, sin, attn_metadata, batch, state)
         return _rms_norm(hidden, self.final_layernorm, self.config.rms_norm_eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

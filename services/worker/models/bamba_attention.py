@@ -1,36 +1,20 @@
-"""A hybrid model's few attention layers, over per-slot KV tensors (not yet the paged engine path).
+"""A hybrid model's few attention layers, on the engine's paged KV cache and attention backend.
 
-NOTE: a stand-in until hybrids join the engine's block pool (docs/hybrid_models.md): each slot
-holds one sequence's keys and values contiguously, [num_slots, max_seq_len, kv_heads, head_dim],
-indexed by the same slot id as its Mamba states, so a model runs prefill and decode over slots
-with no block tables. Attention is computed sequence by sequence in fp32, as a reference.
-
-Rope as Bamba's: rotate-half over the first partial_rotary_factor of each head's dims.
+Each attention layer of a hybrid holds one layer of the paged cache (the KV cache spec counts
+only these layers), written and read by the same backend as the Llama family's, so the block
+tables and slot mapping of a step serve them unchanged. Rope as Bamba's: rotate-half over the
+first partial_rotary_factor of each head's dims, applied here before the backend's call.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from services.worker.attention.backend import AttentionBackend, KVCache
 from services.worker.models.layers import Linear
-from services.worker.models.mamba2 import StateBatch
 from services.worker.models.weights import WeightSource
-
-
-@dataclass
-class SlotKVCache:
-    """One attention layer's keys and values, [num_slots, max_seq_len, kv_heads, head_dim]."""
-    key_cache: torch.Tensor
-    value_cache: torch.Tensor
-
-    @classmethod
-    def allocate(cls, num_slots: int, max_seq_len: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device) -> SlotKVCache:
-        shape = (num_slots, max_seq_len, num_kv_heads, head_dim)
-        return cls(torch.zeros(shape, dtype=dtype, device=device),
-                   torch.zeros(shape, dtype=dtype, device=device))
 
 
 class PartialRotary:
@@ -57,22 +41,24 @@ class PartialRotary:
         return torch.cat([rot.to(x.dtype), rest], dim=-1)
 
 
-class SlotAttention:
+class BambaAttention:
     """Causal multi-head attention (grouped KV heads) of HF's `self_attn.` names under prefix."""
 
     def __init__(self, weights: WeightSource, prefix: str, num_heads: int, num_kv_heads: int,
-                 head_dim: int, has_bias: bool, rotary: PartialRotary):
+                 head_dim: int, has_bias: bool, rotary: PartialRotary, attn: AttentionBackend):
         names = [f"{prefix}{p}_proj" for p in ("q", "k", "v")]
         bias = weights.get_fused([n + ".bias" for n in names]) if has_bias else None
         self.qkv_proj = Linear(weights.get_fused([n + ".weight" for n in names]), bias)
         self.o_proj = Linear(weights.get(prefix + "o_proj.weight"),
                              weights.get(prefix + "o_proj.bias") if has_bias else None)
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.scale = head_dim ** -0.5
         self.rotary = rotary
+        self.attn = attn
+        self.kv_cache: KVCache | None = None
 
-    def forward(self, hidden: torch.Tensor, batch: StateBatch, cos: torch.Tensor,
-                sin: torch.Tensor, cache: SlotKVCache) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                attn_metadata: Any) -> torch.Tensor:
+        assert self.kv_cache is not None, "bind_kv_caches before the first step"
         num_tokens = hidden.shape[0]
         kv_size = self.num_kv_heads * self.head_dim
         q, k, v = self.qkv_proj(hidden).split([self.num_heads * self.head_dim, kv_size, kv_size],
@@ -80,25 +66,4 @@ class SlotAttention:
         q = self.rotary.apply(q.reshape(num_tokens, self.num_heads, self.head_dim), cos, sin)
         k = self.rotary.apply(k.reshape(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
-        out = torch.empty_like(q)
-        for seq in range(batch.num_seqs):
-            out[batch.rows(seq)] = self._attend(q, k, v, batch, seq, cache)
-        return self.o_proj(out.view(num_tokens, -1))
-
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: StateBatch,
-                seq: int, cache: SlotKVCache) -> torch.Tensor:
-        """One sequence's new tokens: their keys and values stored in its slot after the
-        num_computed_tokens already there, then attended over all of them, causally."""
-        rows, slot = batch.rows(seq), batch.state_indices[seq]
-        start = batch.num_computed_tokens[seq]
-        end = start + rows.stop - rows.start
-        cache.key_cache[slot, start:end] = k[rows]
-        cache.value_cache[slot, start:end] = v[rows]
-        group = self.num_heads // self.num_kv_heads
-        keys = cache.key_cache[slot, :end].float().repeat_interleave(group, dim=1)
-        values = cache.value_cache[slot, :end].float().repeat_interleave(group, dim=1)
-        scores = torch.einsum("qhd,khd->hqk", q[rows].float(), keys) * self.scale
-        # Query i (at position start + i) sees keys 0 .. start + i.
-        visible = torch.ones(end - start, end, dtype=torch.bool, device=q.device).tril(start)
-        probs = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)
-        return torch.einsum("hqk,khd->qhd", probs, values).to(q.dtype)
+        return self.o_proj(self.attn.forward(q, k, v.contiguous(), self.kv_cache, attn_metadata))

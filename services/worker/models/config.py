@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import Any
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3",
-                         "mixtral", "qwen2_moe", "qwen3_moe")
+                         "mixtral", "qwen2_moe", "qwen3_moe", "bamba")
+# Hybrids: Mamba2 layers beside a few attention layers (docs/hybrid_models.md).
+HYBRID_MODEL_TYPES = ("bamba",)
 # Vision-language checkpoints: the text model they hold runs as this model_type, beside the
 # vision tower (vision/registry.py).
 VISION_MODEL_TYPE_TO_TEXT = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "idefics3": "llama",
@@ -58,6 +60,18 @@ class ModelConfig:
     moe: MoEConfig | None = None
     vision_model_type: str | None = None           # a VLM's model_type (images enabled)
     mrope_section: tuple[int, ...] | None = None   # Qwen2-VL's M-RoPE (vision/mrope.py)
+    # A hybrid's attention layers (the rest keep a recurrent state); None: every layer.
+    hybrid_attention_layers: tuple[int, ...] | None = None
+
+    @property
+    def is_hybrid(self) -> bool:
+        return self.hybrid_attention_layers is not None
+
+    @property
+    def num_attention_layers(self) -> int:
+        """The layers with KV in the paged cache."""
+        return (self.num_hidden_layers if self.hybrid_attention_layers is None
+                else len(self.hybrid_attention_layers))
 
     @property
     def max_context(self) -> int:
@@ -93,7 +107,10 @@ class ModelConfig:
                 f"model_type {model_type!r} is not supported; the worker runs "
                 f"{', '.join(SUPPORTED_MODEL_TYPES + tuple(VISION_MODEL_TYPE_TO_TEXT))} models")
         num_heads = hf["num_attention_heads"]
-        rope_theta, rope_scaling, local_rope_theta = _rope_parameters(hf)
+        is_hybrid = model_type in HYBRID_MODEL_TYPES
+        # NOTE: Bamba rotates half of each head; its model applies that rope itself.
+        rope_theta, rope_scaling, local_rope_theta = _rope_parameters(
+            hf, allow_partial_rotary=is_hybrid)
         mrope_section = None
         if rope_scaling is not None and "mrope_section" in rope_scaling:
             mrope_section = tuple(rope_scaling.pop("mrope_section"))
@@ -127,10 +144,13 @@ class ModelConfig:
             moe=_moe_config(hf),
             vision_model_type=vision_model_type,
             mrope_section=mrope_section,
+            hybrid_attention_layers=(tuple(hf.get("attn_layer_indices") or ())
+                                     if is_hybrid else None),
         )
 
 
-def _rope_parameters(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None, float | None]:
+def _rope_parameters(hf: dict[str, Any], allow_partial_rotary: bool = False
+                     ) -> tuple[float, dict[str, Any] | None, float | None]:
     """(theta, scaling, local theta) from transformers 5's `rope_parameters` or the older split
     keys. Gemma 3 keeps one set per layer type: full layers' is the model's, sliding layers'
     gives the local theta (their scaling is always default)."""
@@ -145,7 +165,8 @@ def _rope_parameters(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None, 
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type == "mrope":   # older Qwen2-VL configs: default rope over M-RoPE positions
         rope_type = "default"
-    if scaling.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
+    partial = scaling.pop("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    if partial != 1.0 and not allow_partial_rotary:
         raise UnsupportedModelError("partial rotary embeddings are not supported")
     if rope_type in ("su", "longrope", "yarn"):
         # NOTE: Phi-3 keeps the pretraining context beside the extended one; their ratio is

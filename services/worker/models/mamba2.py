@@ -109,13 +109,6 @@ class StateBatch:
     def rows(self, seq: int) -> slice:
         return slice(self.query_start_loc[seq], self.query_start_loc[seq + 1])
 
-    def positions(self, device: torch.device) -> torch.Tensor:
-        """Each row's position in its sequence, [T] int64."""
-        return torch.cat([torch.arange(computed, computed + rows.stop - rows.start)
-                          for computed, rows in zip(self.num_computed_tokens,
-                                                    map(self.rows, range(self.num_seqs)),
-                                                    strict=True)]).to(device)
-
     @cached_property
     def decode_seqs(self) -> tuple[int, ...]:
         """Sequences with one token continuing a state: batched through the recurrent step."""

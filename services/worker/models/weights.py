@@ -26,6 +26,7 @@ class WeightSource:
         files = sorted(model_dir.glob("*.safetensors"))
         if not files:
             raise FileNotFoundError(f"no .safetensors weights in {model_dir}")
+        self.model_dir = model_dir
         self.dtype = dtype
         self.device = device
         self.quantization: CheckpointQuant | None = read_checkpoint_quant(model_dir)
