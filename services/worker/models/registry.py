@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from services.worker.models.bamba import BambaForCausalLM
 from services.worker.models.gemma import GemmaForCausalLM
 from services.worker.models.llama import LlamaForCausalLM
 from services.worker.models.moe import MixtralForCausalLM, Qwen2MoeForCausalLM
 from services.worker.models.phi3 import Phi3ForCausalLM
 
-_MODEL_TYPE_TO_CLASS: dict[str, type[LlamaForCausalLM]] = {
+CausalLM = LlamaForCausalLM | BambaForCausalLM
+
+_MODEL_TYPE_TO_CLASS: dict[str, type[CausalLM]] = {
+    "bamba": BambaForCausalLM,          # a hybrid: Mamba2 layers beside attention
     "gemma2": GemmaForCausalLM,
     "gemma3_text": GemmaForCausalLM,
     "phi3": Phi3ForCausalLM,
@@ -17,6 +21,6 @@ _MODEL_TYPE_TO_CLASS: dict[str, type[LlamaForCausalLM]] = {
 }
 
 
-def model_class(model_type: str) -> type[LlamaForCausalLM]:
+def model_class(model_type: str) -> type[CausalLM]:
     """The class for a model_type config.py accepts (the Llama family's by default)."""
     return _MODEL_TYPE_TO_CLASS.get(model_type, LlamaForCausalLM)

@@ -16,7 +16,7 @@ from services.worker.models.checkpoint_quant import read_checkpoint_quant
 from services.worker.models.config import ModelConfig
 from services.worker.models.llama import LlamaForCausalLM
 from services.worker.models.quantized import BlockSource
-from services.worker.models.registry import model_class
+from services.worker.models.registry import CausalLM, model_class
 from services.worker.models.smoothing import SmoothedWeights
 from services.worker.models.weights import WeightSource
 from services.worker.runner.batch_invariance import enable_batch_invariance
@@ -33,7 +33,9 @@ def attention_backend(config: RunnerConfig, model_config: ModelConfig,
 
 
 def kv_cache_spec(config: RunnerConfig, model_config: ModelConfig) -> KVCacheSpec:
-    return KVCacheSpec(model_config.num_hidden_layers, model_config.num_key_value_heads,
+    # NOTE: a hybrid's Mamba layers keep no KV: their state lives in per-row slots
+    # (hybrid_states.py).
+    return KVCacheSpec(model_config.num_attention_layers, model_config.num_key_value_heads,
                        model_config.head_dim, config.block_size,
                        kv_cache_dtype(config.kv_cache_dtype, config.torch_dtype))
 
@@ -64,7 +66,7 @@ def weight_source(config: RunnerConfig, model_config: ModelConfig,
 
 def load_model(config: RunnerConfig, model_config: ModelConfig, weights: WeightSource,
                attn: AttentionBackend, max_model_len: int,
-               use_gguf_blocks: bool = True) -> LlamaForCausalLM:
+               use_gguf_blocks: bool = True) -> CausalLM:
     started = time.perf_counter()
     blocks = _gguf_blocks(config, weights.device) if use_gguf_blocks else None
     model = model_class(model_config.model_type)(model_config, weights, attn, max_model_len,

@@ -35,11 +35,13 @@ from services.worker.kv.kv_cache import (
 from services.worker.lora import RunnerLora, enable_lora
 from services.worker.models.config import ModelConfig
 from services.worker.models.llama import LlamaForCausalLM
+from services.worker.models.registry import CausalLM
 from services.worker.multimodal import RunnerMultiModal, enable_multimodal
 from services.worker.parallel.ranks import TensorParallelModel, TensorParallelRanks, pin_rank_cores
 from services.worker.runner.config import RunnerConfig, RunnerInfo
 from services.worker.runner.cpu_runtime import configure_cpu_runtime
 from services.worker.runner.cuda_graphs import CudaGraphRunner
+from services.worker.runner.hybrid_states import check_hybrid_config, enable_hybrid_states
 from services.worker.runner.input_batch import InputBatch
 from services.worker.runner.model_loader import (
     attention_backend,
@@ -74,6 +76,7 @@ class ModelRunner:
         with startup.phase("runtime and kernels"):
             self.model_config = model_config = ModelConfig.from_hf_dir(config.model_dir)
             self.max_model_len = max_model_len(config.max_model_len, model_config)
+            check_hybrid_config(config, model_config)
             self.block_size = config.block_size
             if config.tensor_parallel_size > 1:   # before this rank keeps to its own cores
                 self.parallel = TensorParallelRanks(config, model_config, self.device)
@@ -92,6 +95,7 @@ class ModelRunner:
             self.multimodal: RunnerMultiModal | None = enable_multimodal(
                 config, model_config, self.device, self.parallel is not None,
                 encoder_cache_metrics)
+            self.hybrid = enable_hybrid_states(lambda: self.model, config, model_config)
         with startup.phase("KV cache"):
             num_blocks = self._num_kv_blocks(memory_before_load)
             self.kv_caches = allocate_kv_caches(self.kv_spec, num_blocks, self.device)
@@ -131,8 +135,8 @@ class ModelRunner:
         self.kv_connector: WorkerKVConnector | None = None
         """Moves blocks to / from the kvstore between forward passes (attach_kv_connector)."""
         # The optional features a step runs with, in hook order (step_hooks.py).
-        self._hooks: list[StepHooks] = [feature for feature in (self.lora, self.multimodal,
-                                                                self.speculator)
+        self._hooks: list[StepHooks] = [feature for feature in (self.hybrid, self.lora,
+                                                                self.multimodal, self.speculator)
                                         if feature is not None]
         self._inputs: TextInputs | RunnerMultiModal = self.multimodal or TextInputs()
 
@@ -228,11 +232,11 @@ class ModelRunner:
 
     def _capture_cuda_graphs(self) -> None:
         # NOTE: no graphs with LoRA (the token -> slot mapping is not in a captured buffer) nor
-        # images (input embeddings and M-RoPE positions are not either).
+        # images (input embeddings and M-RoPE positions are not either) nor a hybrid's states.
         config = self.config
         if (self.device.type == "cuda" and config.enable_cuda_graphs and self.lora is None
                 and self.attn_backend.name == "triton" and self.parallel is None
-                and self.multimodal is None):
+                and self.multimodal is None and self.hybrid is None):
             self.cuda_graphs = CudaGraphRunner(self.model, self.attn_backend, config.max_num_seqs,
                                                self.max_num_blocks_per_req, self.device)
             self.cuda_graphs.capture()
@@ -248,11 +252,11 @@ class ModelRunner:
         """Builds the model anew from `model_dir`'s weights, over the same KV cache."""
         self.swap_model(self.build_model(model_dir))
 
-    def build_model(self, model_dir: Path) -> LlamaForCausalLM | TensorParallelModel:
+    def build_model(self, model_dir: Path) -> CausalLM | TensorParallelModel:
         """The model of `model_dir`'s weights, not serving yet."""
         return self._load_model(model_dir)
 
-    def swap_model(self, model: LlamaForCausalLM | TensorParallelModel) -> None:
+    def swap_model(self, model: CausalLM | TensorParallelModel) -> None:
         """Serves `model` from the next step on, over the same KV cache."""
         self.model = model
         self.model.bind_kv_caches(self.kv_caches)
@@ -270,7 +274,7 @@ class ModelRunner:
         spec = self.config.speculative_config
         return self.config.max_num_seqs * (1 + (spec.num_speculative_tokens if spec else 0))
 
-    def _load_model(self, model_dir: Path | None = None) -> LlamaForCausalLM | TensorParallelModel:
+    def _load_model(self, model_dir: Path | None = None) -> CausalLM | TensorParallelModel:
         config = self.config if model_dir is None else replace(self.config, model_dir=model_dir)
         weights = weight_source(config, self.model_config, self.device)
         if self.parallel is not None:
@@ -317,6 +321,8 @@ class ModelRunner:
                                     self.device)
         self.model.bind_kv_caches(caches)
         batch = dummy_step_batch(num_tokens, self.block_size, self.device)
+        if self.hybrid is not None:
+            self.hybrid.bind(batch)
         hidden = self.model.forward(batch.input_ids, batch.positions,
                                     self.attn_backend.build_metadata(batch.attn))
         logits = self.model.compute_logits(hidden[:num_samples])
