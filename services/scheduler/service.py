@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from services.common import wire, wire_pb
 from services.common.logs import request_log_context
@@ -385,7 +385,13 @@ class SchedulerService(Service):
             self.stats.on_stats(self.scheduler.make_stats())
 
     def _build_scheduler(self, info: wire.WorkerInfo) -> None:
-        self.scheduler = Scheduler(self.settings.scheduler_config(info), kv_connector=(
+        config = self.settings.scheduler_config(info)
+        if info.has_recurrent_state and config.enable_prefix_caching:
+            config = replace(config, enable_prefix_caching=False)
+            self.log.info("prefix caching (and with it the KV connector) is off: the "
+                          "worker's hybrid model keeps a recurrent state per sequence, and a "
+                          "cached prefix has none")
+        self.scheduler = Scheduler(config, kv_connector=(
             self.kv.make_connector(info) if self.kv is not None else None))
         if self.kv is not None:
             self.kv.attach(self.scheduler, (self._model_name(), self.engine_id))

@@ -72,7 +72,11 @@ class WorkerService(Service):
                                     GrammarMetrics(self.registry), self.startup,
                                     EncoderCacheMetrics(self.registry)))
         with self.startup.phase("KV connector and grammar warm-up"):
-            if self.runner.parallel is None:
+            if self.runner.hybrid is not None:
+                # NOTE: the kvstore holds attention blocks only, never a recurrent state.
+                self.log.warning("the KV connector (kvstore offload, P/D) is off for a hybrid "
+                                 "model: the kvstore does not carry its recurrent state")
+            elif self.runner.parallel is None:
                 self.runner.attach_kv_connector(self._kv_connector(self.runner))
             else:
                 # NOTE: the kvstore holds whole blocks; each rank holds some heads of them.
@@ -164,7 +168,8 @@ class WorkerService(Service):
             kv_fingerprint=self.runner.kv_fingerprint if self.runner.kv_connector else "",
             max_loras=self.runner.lora.manager.max_loras if self.runner.lora else 0,
             max_cpu_loras=self.runner.lora.manager.max_cpu_loras if self.runner.lora else 0,
-            weight_version=self.weight_updates.version if self.weight_updates else "")
+            weight_version=self.weight_updates.version if self.weight_updates else "",
+            has_recurrent_state=self.runner.hybrid is not None)
 
     def readiness(self) -> tuple[bool, str]:
         return (True, "") if self.runner is not None else (False, "loading model")

@@ -589,6 +589,12 @@ class WorkerInfo(betterproto.Message):
      last update (POST /update_weights_from_disk), which its KV fingerprint includes.
     """
 
+    has_recurrent_state: bool = betterproto.bool_field(16)
+    """
+    A hybrid model (Mamba2 layers beside attention): each sequence's recurrent state lives in
+     the worker, none for a cached prefix, so the scheduler turns prefix caching off.
+    """
+
 
 @dataclass(eq=False, repr=False)
 class WorkerInfoRequest(betterproto.Message):

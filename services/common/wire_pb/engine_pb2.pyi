@@ -292,7 +292,7 @@ class PromptLogprobChunk(_message.Message):
     def __init__(self, handle: _Optional[int] = ..., columns: _Optional[_Union[_common_pb2.LogprobColumns, _Mapping]] = ..., is_last_chunk: _Optional[bool] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("engine_id", "worker_id", "num_blocks", "block_size", "max_model_len", "model", "vocab_size", "eos_token_ids", "incarnation", "kv_fingerprint", "max_loras", "max_cpu_loras", "host_id", "step_channel", "weight_version")
+    __slots__ = ("engine_id", "worker_id", "num_blocks", "block_size", "max_model_len", "model", "vocab_size", "eos_token_ids", "incarnation", "kv_fingerprint", "max_loras", "max_cpu_loras", "host_id", "step_channel", "weight_version", "has_recurrent_state")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -308,6 +308,7 @@ class WorkerInfo(_message.Message):
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_CHANNEL_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    HAS_RECURRENT_STATE_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
     worker_id: str
     num_blocks: int
@@ -323,7 +324,8 @@ class WorkerInfo(_message.Message):
     host_id: str
     step_channel: str
     weight_version: str
-    def __init__(self, engine_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[bytes] = ..., incarnation: _Optional[int] = ..., kv_fingerprint: _Optional[str] = ..., max_loras: _Optional[int] = ..., max_cpu_loras: _Optional[int] = ..., host_id: _Optional[str] = ..., step_channel: _Optional[str] = ..., weight_version: _Optional[str] = ...) -> None: ...
+    has_recurrent_state: bool
+    def __init__(self, engine_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[bytes] = ..., incarnation: _Optional[int] = ..., kv_fingerprint: _Optional[str] = ..., max_loras: _Optional[int] = ..., max_cpu_loras: _Optional[int] = ..., host_id: _Optional[str] = ..., step_channel: _Optional[str] = ..., weight_version: _Optional[str] = ..., has_recurrent_state: _Optional[bool] = ...) -> None: ...
 
 class WorkerInfoRequest(_message.Message):
     __slots__ = ()
