@@ -162,6 +162,11 @@ def test_a_trainer_sleeps_wakes_and_pushes_new_weights(trainer_mesh: Mesh, train
     # The new weights' blocks are cached again from here on.
     assert cached_tokens(complete(trainer_mesh, shared)) > 0
 
+    # The next training step sleeps again: the weights that come back are the new ones.
+    trainer.sleep(level=1)
+    trainer.wake_up()
+    assert output_ids(complete(trainer_mesh, ids)) == output_ids(after)
+
     # A worker that restarts comes back on the new weights, not its checkpoint's.
     trainer_mesh.restart("worker")
     poll(lambda: _serves(trainer_mesh, trainer, "step-1"), 240,
