@@ -32,7 +32,7 @@ def runner(fault_mesh: Mesh) -> Iterator[Mesh]:
 
 def line(i: int) -> dict[str, Any]:
     return {"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions",
-            "body": {"model": MODEL, "max_tokens": 16, "temperature": 0, "ignore_eos": True,
+            "body": {"model": MODEL, "max_tokens": 64, "temperature": 0, "ignore_eos": True,
                      "messages": [{"role": "user", "content": f"Tell me about the number {i}."}]}}
 
 
@@ -44,10 +44,18 @@ def test_batch_runner_killed_mid_job(runner: Mesh) -> None:
         batch_id = client.batches.create(input_file_id=uploaded.id,
                                          endpoint="/v1/chat/completions",
                                          completion_window="24h").id
-        poll(lambda: client.batches.retrieve(batch_id).request_counts.completed >= 1
-             and metric(runner, "scheduler", "vllm:num_requests_running")
-             + metric(runner, "scheduler-1", "vllm:num_requests_running") > 0,
-             120, "the job to be under way")
+
+        def under_way() -> bool:
+            """Some lines done and others in the engines: the moment to kill the runner."""
+            completed = client.batches.retrieve(batch_id).request_counts.completed
+            # NOTE: a job that ends between two looks can never be killed mid-job: say so at
+            # once rather than wait out the timeout (each line's 64 tokens keep it open).
+            assert completed < NUM_LINES, "the job finished before it was seen under way"
+            return completed >= 1 and (metric(runner, "scheduler", "vllm:num_requests_running")
+                                       + metric(runner, "scheduler-1",
+                                                "vllm:num_requests_running")) > 0
+
+        poll(under_way, 120, "the job to be under way")
         killed = time.monotonic()
         runner.services["batch"].stop(signal.SIGKILL)
         done_at_kill = client.batches.retrieve(batch_id).request_counts.completed
