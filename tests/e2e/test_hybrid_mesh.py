@@ -1,0 +1,76 @@
+"""A hybrid model (Bamba: Mamba2 layers beside attention) through the real mesh, from a tiny random
+checkpoint built by transformers' own BambaForCausalLM: the official openai client's greedy
+completions equal HF generate's text, with several requests at once in a KV cache too small for
+them all (so some are preempted and prefilled again from a zero state); the same prompt again
+hits no prefix cache (a hybrid engine runs with prefix caching off)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import openai
+import pytest
+import torch
+import transformers
+
+from tests.mesh import Mesh, serving
+from tests.worker.tiny_bamba import save_tiny_bamba
+
+pytestmark = pytest.mark.slow
+
+MAX_MODEL_LEN = 128
+MAX_TOKENS = 48
+# 10 blocks of 16 tokens (1 attention layer x K and V x 2 heads x 16 dims x fp32 = 256 B a
+# token) beside the null block: three requests of ~60 tokens do not fit at once.
+KV_CACHE_MEMORY = 11 * 16 * 256
+PROMPTS = ["The quick brown fox jumps over", "Once upon a time, in a land far away,",
+           "def fibonacci(n):"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tiny-bamba")
+    save_tiny_bamba(path, with_tokenizer=True, max_position_embeddings=MAX_MODEL_LEN)
+    return path
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Mesh]:
+    model = ["--model", str(model_dir), "--max-model-len", str(MAX_MODEL_LEN)]
+    with serving(Mesh(tmp_path_factory.mktemp("mesh-bamba"), namespace="hybrid", extra_args={
+            "tokenizer": ["--model", str(model_dir)], "scheduler": model,
+            "worker": [*model, "--kv-cache-memory", str(KV_CACHE_MEMORY)]})) as running:
+        yield running
+
+
+def _hf_text(model_dir: Path, prompt: str) -> tuple[str, int]:
+    """HF's greedy continuation of `prompt` and the prompt's token count."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    model = transformers.BambaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=MAX_TOKENS, do_sample=False)
+    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True), ids.shape[1]
+
+
+def test_greedy_completions_equal_hf_through_preemption(mesh: Mesh, model_dir: Path) -> None:
+    want = [_hf_text(model_dir, prompt) for prompt in PROMPTS]
+    with openai.OpenAI(base_url=f"{mesh.base_url}/v1", api_key="unused", max_retries=0,
+                       timeout=120) as client:
+        name = client.models.list().data[0].id
+
+        def complete(prompt: str) -> openai.types.Completion:
+            return client.completions.create(model=name, prompt=prompt, max_tokens=MAX_TOKENS,
+                                             temperature=0)
+
+        with ThreadPoolExecutor(len(PROMPTS)) as pool:
+            got = list(pool.map(complete, PROMPTS))
+        assert [(c.choices[0].text, c.usage.prompt_tokens) for c in got] == want
+        assert mesh.scheduler_metric("vllm:num_preemptions_total") > 0
+
+        again = complete(PROMPTS[0])
+        assert again.choices[0].text == want[0][0]
+        assert not (again.usage.prompt_tokens_details
+                    and again.usage.prompt_tokens_details.cached_tokens)
