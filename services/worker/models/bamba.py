@@ -147,6 +147,9 @@ class BambaForCausalLM:
     def __init__(self, config: ModelConfig, weights: WeightSource, attn: AttentionBackend,
                  max_position: int, blocks: BlockSource | None = None,
                  quantization: str = "none"):
+        """The registry's constructor (registry.py), shared with the Llama family; Bamba reads
+        its Mamba shapes from its own config.json (BambaConfig), and its rope needs no table
+        up to max_position."""
         if quantization != "none" or blocks is not None or weights.quantization is not None:
             raise UnsupportedModelError("a hybrid (Bamba) model runs unquantized weights only")
         self.config = bamba = BambaConfig.from_dir(weights.model_dir)
