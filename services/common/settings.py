@@ -106,7 +106,8 @@ class EngineSettings(ModelSettings):
         choices=("auto", "nats"))
     speculative_config: str = setting(
         "", "Speculative decoding, as vLLM's JSON (empty: off): method ngram (prompt lookup), "
-        "suffix, or draft_model with a `model` of the target's tokenizer, e.g. "
+        "suffix, draft_model with a `model` of the target's tokenizer, or eagle3 with a "
+        "`model` naming an EAGLE-3 head's directory, e.g. "
         "'{\"method\": \"ngram\", \"num_speculative_tokens\": 3, \"prompt_lookup_max\": 4}'. "
         "Greedy output is unchanged and sampling keeps the target distribution")
 
