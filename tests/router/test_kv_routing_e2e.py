@@ -78,9 +78,10 @@ def served(mesh: Mesh) -> dict[str, float]:
 
 
 def served_since(mesh: Mesh, before: dict[str, float], total: int) -> list[float]:
-    """Requests each engine finished since `before`, once they add up to `total` (an
-    engine counts a request as it ends, a moment before its client hears)."""
-    poll(lambda: sum(served(mesh).values()) - sum(before.values()) == total, 30,
+    """Requests each engine finished since `before`, once they add up to `total` or more (an
+    engine counts a request as it ends, a moment before its client hears; a longer request
+    under way may end meanwhile too)."""
+    poll(lambda: sum(served(mesh).values()) - sum(before.values()) >= total, 30,
          f"the engines to count {total} more finished requests")
     now = served(mesh)
     return [now[s] - before[s] for s in SCHEDULERS]
@@ -198,9 +199,12 @@ def test_a_session_sticks_to_its_engine_and_spills_past_the_threshold(
         spills = metric_at(spill_url, "llm_mesh:router_session_spills_total")
         before = served(mesh)
         turn(spiller, [{"role": "user", "content": "A second question."}], session="s-2")
-        served_by = [s for s, n in zip(SCHEDULERS, served_since(mesh, before, 1)) if n]
+        served_after = dict(zip(SCHEDULERS, served_since(mesh, before, 1), strict=True))
         assert long.result(timeout=300) == 600
-    assert len(holding) == 1 and served_by != holding, (holding, served_by)
+    # The turn went to the engine the long answer does not hold (which may have counted the
+    # long answer's end meanwhile).
+    assert len(holding) == 1 and any(n for s, n in served_after.items() if s not in holding), (
+        holding, served_after)
     assert metric_at(spill_url, "llm_mesh:router_session_spills_total") == spills + 1
 
 
