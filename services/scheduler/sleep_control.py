@@ -58,7 +58,7 @@ class SleepControl:
         self.sleeping_tags = []
 
     async def on_admin(self, message: wire.AdminRequest, wait_idle: Callable[[], Awaitable[None]],
-                       forget_kv: Callable[[], None]) -> wire.AdminReply:
+                       forget_kv: Callable[[], bool]) -> wire.AdminReply:
         """`wait_idle` returns once no request is in flight; `forget_kv` empties the prefix
         cache and has the worker's rows start afresh."""
         if message.command == "is_sleeping":
@@ -69,7 +69,7 @@ class SleepControl:
             return await self._wake_up(list(message.tags))
 
     async def _sleep(self, level: int, wait_idle: Callable[[], Awaitable[None]],
-                     forget_kv: Callable[[], None]) -> wire.AdminReply:
+                     forget_kv: Callable[[], bool]) -> wire.AdminReply:
         if level not in (1, 2):
             return self._reply(f"sleep level must be 1 or 2, not {level}", 400)
         self._is_pausing = True
@@ -78,7 +78,8 @@ class SleepControl:
             reply = await self._call_worker(self._subjects.worker_sleep(self._engine_id),
                                             wire.SleepRequest(level=level))
             if self.is_sleeping:
-                forget_kv()
+                if not forget_kv():   # never expected: the sleep waited for every request
+                    self._log.error("prefix cache not reset after sleep: blocks are in use")
             return reply
         finally:
             self._is_pausing = False

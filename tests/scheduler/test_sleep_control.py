@@ -71,8 +71,9 @@ async def test_sleep_refuses_requests_at_once_and_releases_after_the_requests_in
     async def wait_idle() -> None:
         await requests_done.wait()
 
-    def forget_kv() -> None:
+    def forget_kv() -> bool:
         forgotten.append(control.is_sleeping)
+        return True
 
     sleeping = asyncio.create_task(control.on_admin(admin("sleep", 1), wait_idle, forget_kv))
     await until(lambda: control.refuses_requests, what="the sleep to start")
