@@ -483,6 +483,17 @@ class StepInput(betterproto.Message):
     """overwrites (copy them out before the forward pass)"""
 
     kv_save_block_hashes: bytes = betterproto.bytes_field(21)
+    state_restore_handles: bytes = betterproto.bytes_field(22)
+    """
+    Hybrid models' state checkpoints (docs/hybrid_models.md): a new request in this step
+     starts its recurrent state from a checkpoint slot (its prefix-cache hit), and a row's
+     state is copied into a checkpoint slot once the step's forward pass ran. Applied in
+     order, restores before the forward pass, saves after it.
+    """
+
+    state_restore_slots: bytes = betterproto.bytes_field(23)
+    state_save_handles: bytes = betterproto.bytes_field(24)
+    state_save_slots: bytes = betterproto.bytes_field(25)
 
 
 @dataclass(eq=False, repr=False)
@@ -592,8 +603,11 @@ class WorkerInfo(betterproto.Message):
     has_recurrent_state: bool = betterproto.bool_field(16)
     """
     A hybrid model (Mamba2 layers beside attention): each sequence's recurrent state lives in
-     the worker, none for a cached prefix, so the scheduler turns prefix caching off.
+     the worker; a cached prefix needs a state checkpoint at its end too, of which the worker
+     holds num_state_checkpoints (0: the scheduler turns prefix caching off).
     """
+
+    num_state_checkpoints: int = betterproto.int32_field(17)
 
 
 @dataclass(eq=False, repr=False)

@@ -192,7 +192,7 @@ class NewRequestData(_message.Message):
     def __init__(self, handle: _Optional[int] = ..., request_id: _Optional[str] = ..., token_ids: _Optional[bytes] = ..., num_prompt_tokens: _Optional[int] = ..., block_ids: _Optional[bytes] = ..., num_computed_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., lora: _Optional[_Union[_common_pb2.LoraRequest, _Mapping]] = ..., mm_items: _Optional[_Iterable[_Union[_common_pb2.MultiModalItem, _Mapping]]] = ...) -> None: ...
 
 class StepInput(_message.Message):
-    __slots__ = ("step", "new_requests", "cached_handles", "cached_num_new_blocks", "cached_new_block_ids", "cached_num_computed_tokens", "num_scheduled_tokens", "finished_handles", "reset", "kv_nodes", "kv_load_handles", "kv_load_num_blocks", "kv_load_block_ids", "kv_load_block_hashes", "kv_load_node_ids", "kv_save_ids", "kv_save_num_blocks", "kv_save_node_ids", "kv_save_before_forward", "kv_save_block_ids", "kv_save_block_hashes")
+    __slots__ = ("step", "new_requests", "cached_handles", "cached_num_new_blocks", "cached_new_block_ids", "cached_num_computed_tokens", "num_scheduled_tokens", "finished_handles", "reset", "kv_nodes", "kv_load_handles", "kv_load_num_blocks", "kv_load_block_ids", "kv_load_block_hashes", "kv_load_node_ids", "kv_save_ids", "kv_save_num_blocks", "kv_save_node_ids", "kv_save_before_forward", "kv_save_block_ids", "kv_save_block_hashes", "state_restore_handles", "state_restore_slots", "state_save_handles", "state_save_slots")
     STEP_FIELD_NUMBER: _ClassVar[int]
     NEW_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     CACHED_HANDLES_FIELD_NUMBER: _ClassVar[int]
@@ -214,6 +214,10 @@ class StepInput(_message.Message):
     KV_SAVE_BEFORE_FORWARD_FIELD_NUMBER: _ClassVar[int]
     KV_SAVE_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     KV_SAVE_BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    STATE_RESTORE_HANDLES_FIELD_NUMBER: _ClassVar[int]
+    STATE_RESTORE_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    STATE_SAVE_HANDLES_FIELD_NUMBER: _ClassVar[int]
+    STATE_SAVE_SLOTS_FIELD_NUMBER: _ClassVar[int]
     step: int
     new_requests: _containers.RepeatedCompositeFieldContainer[NewRequestData]
     cached_handles: bytes
@@ -235,7 +239,11 @@ class StepInput(_message.Message):
     kv_save_before_forward: bytes
     kv_save_block_ids: bytes
     kv_save_block_hashes: bytes
-    def __init__(self, step: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequestData, _Mapping]]] = ..., cached_handles: _Optional[bytes] = ..., cached_num_new_blocks: _Optional[bytes] = ..., cached_new_block_ids: _Optional[bytes] = ..., cached_num_computed_tokens: _Optional[bytes] = ..., num_scheduled_tokens: _Optional[bytes] = ..., finished_handles: _Optional[bytes] = ..., reset: _Optional[bool] = ..., kv_nodes: _Optional[bytes] = ..., kv_load_handles: _Optional[bytes] = ..., kv_load_num_blocks: _Optional[bytes] = ..., kv_load_block_ids: _Optional[bytes] = ..., kv_load_block_hashes: _Optional[bytes] = ..., kv_load_node_ids: _Optional[bytes] = ..., kv_save_ids: _Optional[bytes] = ..., kv_save_num_blocks: _Optional[bytes] = ..., kv_save_node_ids: _Optional[bytes] = ..., kv_save_before_forward: _Optional[bytes] = ..., kv_save_block_ids: _Optional[bytes] = ..., kv_save_block_hashes: _Optional[bytes] = ...) -> None: ...
+    state_restore_handles: bytes
+    state_restore_slots: bytes
+    state_save_handles: bytes
+    state_save_slots: bytes
+    def __init__(self, step: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequestData, _Mapping]]] = ..., cached_handles: _Optional[bytes] = ..., cached_num_new_blocks: _Optional[bytes] = ..., cached_new_block_ids: _Optional[bytes] = ..., cached_num_computed_tokens: _Optional[bytes] = ..., num_scheduled_tokens: _Optional[bytes] = ..., finished_handles: _Optional[bytes] = ..., reset: _Optional[bool] = ..., kv_nodes: _Optional[bytes] = ..., kv_load_handles: _Optional[bytes] = ..., kv_load_num_blocks: _Optional[bytes] = ..., kv_load_block_ids: _Optional[bytes] = ..., kv_load_block_hashes: _Optional[bytes] = ..., kv_load_node_ids: _Optional[bytes] = ..., kv_save_ids: _Optional[bytes] = ..., kv_save_num_blocks: _Optional[bytes] = ..., kv_save_node_ids: _Optional[bytes] = ..., kv_save_before_forward: _Optional[bytes] = ..., kv_save_block_ids: _Optional[bytes] = ..., kv_save_block_hashes: _Optional[bytes] = ..., state_restore_handles: _Optional[bytes] = ..., state_restore_slots: _Optional[bytes] = ..., state_save_handles: _Optional[bytes] = ..., state_save_slots: _Optional[bytes] = ...) -> None: ...
 
 class StepOutput(_message.Message):
     __slots__ = ("step", "handles", "sampled_token_ids", "logprob_handles", "logprobs", "prompt_logprobs", "error", "execute_s", "kv_loaded_handles", "kv_loaded_num_blocks", "kv_load_failed", "kv_saved_ids", "kv_save_failed", "rejected_handles", "rejected_reasons", "deferred_handles", "draft_handles", "num_draft_tokens", "worker_received_at", "worker_sent_at")
@@ -292,7 +300,7 @@ class PromptLogprobChunk(_message.Message):
     def __init__(self, handle: _Optional[int] = ..., columns: _Optional[_Union[_common_pb2.LogprobColumns, _Mapping]] = ..., is_last_chunk: _Optional[bool] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("engine_id", "worker_id", "num_blocks", "block_size", "max_model_len", "model", "vocab_size", "eos_token_ids", "incarnation", "kv_fingerprint", "max_loras", "max_cpu_loras", "host_id", "step_channel", "weight_version", "has_recurrent_state")
+    __slots__ = ("engine_id", "worker_id", "num_blocks", "block_size", "max_model_len", "model", "vocab_size", "eos_token_ids", "incarnation", "kv_fingerprint", "max_loras", "max_cpu_loras", "host_id", "step_channel", "weight_version", "has_recurrent_state", "num_state_checkpoints")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -309,6 +317,7 @@ class WorkerInfo(_message.Message):
     STEP_CHANNEL_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     HAS_RECURRENT_STATE_FIELD_NUMBER: _ClassVar[int]
+    NUM_STATE_CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
     worker_id: str
     num_blocks: int
@@ -325,7 +334,8 @@ class WorkerInfo(_message.Message):
     step_channel: str
     weight_version: str
     has_recurrent_state: bool
-    def __init__(self, engine_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[bytes] = ..., incarnation: _Optional[int] = ..., kv_fingerprint: _Optional[str] = ..., max_loras: _Optional[int] = ..., max_cpu_loras: _Optional[int] = ..., host_id: _Optional[str] = ..., step_channel: _Optional[str] = ..., weight_version: _Optional[str] = ..., has_recurrent_state: _Optional[bool] = ...) -> None: ...
+    num_state_checkpoints: int
+    def __init__(self, engine_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[bytes] = ..., incarnation: _Optional[int] = ..., kv_fingerprint: _Optional[str] = ..., max_loras: _Optional[int] = ..., max_cpu_loras: _Optional[int] = ..., host_id: _Optional[str] = ..., step_channel: _Optional[str] = ..., weight_version: _Optional[str] = ..., has_recurrent_state: _Optional[bool] = ..., num_state_checkpoints: _Optional[int] = ...) -> None: ...
 
 class WorkerInfoRequest(_message.Message):
     __slots__ = ()
