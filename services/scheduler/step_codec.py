@@ -38,6 +38,12 @@ def encode_step_input(output: SchedulerOutput, reset: bool = False) -> wire_pb.S
     )
     if output.kv_connector_metadata:
         encode_kv_connector_metadata(output.kv_connector_metadata, step)
+    checkpoints = output.state_checkpoints
+    if checkpoints:
+        step.state_restore_handles = pack_int32(checkpoints.restore_handles)
+        step.state_restore_slots = pack_int32(checkpoints.restore_slots)
+        step.state_save_handles = pack_int32(checkpoints.save_handles)
+        step.state_save_slots = pack_int32(checkpoints.save_slots)
     return step
 
 

@@ -21,6 +21,9 @@ class SchedulerConfig:
     max_model_len: int = 2048
     block_size: int = 16
     enable_prefix_caching: bool = True
+    num_state_checkpoints: int = 0
+    """A hybrid model's worker: the state checkpoint slots it holds, which its prefix cache
+    needs (hybrid_kv_cache_manager.py). 0: the model keeps no recurrent state."""
     long_prefill_token_threshold: int = 0
     """Most tokens one request may take in a step (0 = off)."""
     max_itl_factor: float = 2.0

@@ -14,6 +14,7 @@ from services.common.block_hash import BlockHash
 from services.scheduler.core.block_pool import BlockPool
 from services.scheduler.core.kv_cache_utils import KVCacheBlock
 from services.scheduler.core.kv_events import KVCacheEvent
+from services.scheduler.core.output import StateCheckpointOps
 from services.scheduler.core.request import Request
 
 
@@ -159,6 +160,17 @@ class KVCacheManager:
         if not delay_cache_blocks:
             self.cache_blocks(request, num_tokens_after)
         return result
+
+    def align_prefill(self, request: Request, num_computed_tokens: int,
+                      num_new_tokens: int) -> int:
+        """How many of `num_new_tokens` prompt tokens a chunk runs: all of them here; a
+        hybrid engine ends chunks where it keeps a state (hybrid_kv_cache_manager.py)."""
+        return num_new_tokens
+
+    def plan_state_checkpoints(self, new_reqs: dict[Request, int],
+                               running_reqs: dict[Request, int]) -> StateCheckpointOps | None:
+        """A hybrid engine's state copies for a step (hybrid_kv_cache_manager.py); None."""
+        return None
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Offers the request's full blocks up to `num_computed_tokens` to the prefix cache."""

@@ -58,6 +58,20 @@ class CachedRequestData:
 
 
 @dataclass(slots=True)
+class StateCheckpointOps:
+    """A hybrid model's state copies in one step (hybrid_kv_cache_manager.py), by handle:
+    restores into new requests' rows before the forward pass, saves after it."""
+
+    restore_handles: list[int] = field(default_factory=list)
+    restore_slots: list[int] = field(default_factory=list)
+    save_handles: list[int] = field(default_factory=list)
+    save_slots: list[int] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.restore_handles or self.save_handles)
+
+
+@dataclass(slots=True)
 class SchedulerOutput:
     step: int
     new_requests: list[NewRequestData]
@@ -80,6 +94,8 @@ class SchedulerOutput:
     """Requests whose scheduled tokens reach their end: each samples a token this step."""
     num_prefill_tokens: int = 0
     """Of `total_num_scheduled_tokens`, those of prompt chunks (the rest decode)."""
+    state_checkpoints: StateCheckpointOps | None = None
+    """A hybrid model's state copies this step; None for any other model."""
 
     @property
     def scheduled_handles(self) -> list[int]:

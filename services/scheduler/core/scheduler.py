@@ -15,6 +15,7 @@ from services.common.block_hash import BlockHasher
 from services.scheduler.core.admission import check_admission, check_fits
 from services.scheduler.core.config import SchedulerConfig
 from services.scheduler.core.errors import RequestTooLong
+from services.scheduler.core.hybrid_kv_cache_manager import create_kv_cache_manager
 from services.scheduler.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from services.scheduler.core.kv_connector.connector import SchedulerKVConnector
 from services.scheduler.core.kv_connector.loading import LOADING, PrefixLoader
@@ -192,10 +193,9 @@ class Scheduler:
                 return
             if request.status is not RUNNING:
                 continue
-            num_new_tokens = request.num_tokens - request.num_computed_tokens
-            if 0 < threshold < num_new_tokens:
-                num_new_tokens = threshold
-            num_new_tokens = min(num_new_tokens, plan.prefill_budget)
+            num_new_tokens = self.kv_cache_manager.align_prefill(
+                request, request.num_computed_tokens, plan.prefill_chunk(
+                    request.num_tokens - request.num_computed_tokens, threshold))
             if num_new_tokens > 0 and self._schedule_running_request(plan, request,
                                                                      num_new_tokens):
                 plan.take_prefill(request, num_new_tokens)
@@ -260,11 +260,10 @@ class Scheduler:
         while True:
             computed_blocks, num_computed_tokens, num_external_tokens = (
                 self._get_computed_tokens(request))
-            num_new_tokens = request.num_tokens - num_computed_tokens
-            if 0 < threshold < num_new_tokens:
-                num_new_tokens = threshold
             # Blocks the kvstore holds are allocated now and loaded before the request runs.
-            num_new_tokens = num_external_tokens or min(num_new_tokens, plan.prefill_budget)
+            num_new_tokens = num_external_tokens or kv_cache_manager.align_prefill(
+                request, num_computed_tokens, plan.prefill_chunk(
+                    request.num_tokens - num_computed_tokens, threshold))
             # (A request with loaded KV counts its computed tokens already.)
             num_new_computed_tokens = num_computed_tokens - request.num_computed_tokens
             if kv_cache_manager.allocate_slots(request, num_new_tokens, computed_blocks,
@@ -356,7 +355,9 @@ class Scheduler:
                                  self.max_num_batched_tokens - plan.token_budget,
                                  finished_handles, request_ids,
                                  scheduled_requests=scheduled_requests,
-                                 num_prefill_tokens=plan.num_prefill_tokens)
+                                 num_prefill_tokens=plan.num_prefill_tokens,
+                                 state_checkpoints=self.kv_cache_manager.plan_state_checkpoints(
+                                     plan.new_reqs, plan.running_reqs))
         if self.kv_connector is not None:
             output.kv_connector_metadata = self.kv_connector.build_meta(
                 [*plan.new_reqs.items(), *plan.running_reqs.items()], get_block_ids,
@@ -543,10 +544,8 @@ class Scheduler:
         return self.abort_requests(too_long, RequestStatus.FINISHED_ERROR)
 
     def _make_kv_cache_manager(self, num_blocks: int) -> KVCacheManager:
-        return KVCacheManager(num_blocks, self.block_size, self.max_model_len,
-                              self.config.enable_prefix_caching, self.config.enable_kv_events,
-                              enable_eviction_records=(self.kv_connector is not None
-                                                       and self.kv_connector.saves_on_eviction))
+        return create_kv_cache_manager(self.config, num_blocks, enable_eviction_records=(
+            self.kv_connector is not None and self.kv_connector.saves_on_eviction))
 
     # ==== queries ========================================================================
     def has_unfinished_requests(self) -> bool:

@@ -28,6 +28,13 @@ class StepPlan:
     def prefill_budget(self) -> int:
         return min(self.token_budget, self.prefill_cap)
 
+    def prefill_chunk(self, num_new_tokens: int, threshold: int) -> int:
+        """A prompt's next chunk: at most `threshold` tokens (long_prefill_token_threshold,
+        0: no cap) and what the step's prefill budget leaves."""
+        if 0 < threshold < num_new_tokens:
+            num_new_tokens = threshold
+        return min(num_new_tokens, self.prefill_budget)
+
     def take_prefill(self, request: Request, num_tokens: int) -> None:
         """Counts a request's tokens, scheduled already, as a prompt chunk."""
         self.prefill_reqs.add(request)

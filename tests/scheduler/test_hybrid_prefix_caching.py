@@ -1,0 +1,139 @@
+"""Prefix caching for a hybrid (Mamba2 + attention) engine against a fake worker that keeps a
+recurrent state per row: a hit is only as long as the last block boundary with a state
+checkpoint, prompt chunks end at the last boundary to take one, decodes keep the latest one
+per request (the next chat turn hits it), and a restored state is exactly the hit's prefix
+(no model, no NATS)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from services.scheduler.core import RunnerOutput, SchedulerOutput
+from services.scheduler.core.hybrid_kv_cache_manager import HybridKVCacheManager
+from services.scheduler.core.output import StateCheckpointOps
+from tests.scheduler.fakes import (FakeWorker, Run, assert_matches_reference, make_request,
+                                   make_scheduler, prompt, run_until_done, step)
+
+
+@dataclass
+class FakeHybridWorker(FakeWorker):
+    """FakeWorker with a recurrent state per row (the tokens it took) and checkpoint slots:
+    a row must start from exactly its computed prefix, restored or empty."""
+
+    states: dict[int, list[int]] = field(default_factory=dict)
+    checkpoints: dict[int, list[int]] = field(default_factory=dict)
+    num_restores: int = 0
+
+    def apply_diffs(self, out: SchedulerOutput) -> None:
+        super().apply_diffs(out)
+        ops = out.state_checkpoints or StateCheckpointOps()
+        restores = dict(zip(ops.restore_handles, ops.restore_slots))
+        for new in out.new_requests:
+            slot = restores.get(new.handle)
+            self.states[new.handle] = [] if slot is None else list(self.checkpoints[slot])
+            self.num_restores += slot is not None
+        for handle in out.scheduled_handles:
+            row = self.rows[handle]
+            assert self.states[handle] == row.token_ids[:row.num_computed_tokens], (
+                f"handle {handle} continues from a state it never took")
+
+    def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        result = super().execute(out)
+        for handle in out.scheduled_handles:
+            row = self.rows[handle]
+            self.states[handle] = row.token_ids[:row.num_computed_tokens]
+        ops = out.state_checkpoints or StateCheckpointOps()
+        for handle, slot in zip(ops.save_handles, ops.save_slots):
+            self.checkpoints[slot] = list(self.states[handle])
+        return result
+
+
+def make_hybrid(num_blocks: int = 64, num_state_checkpoints: int = 8, **config
+                ) -> tuple[object, FakeHybridWorker]:
+    scheduler, worker = make_scheduler(num_blocks, num_state_checkpoints=num_state_checkpoints,
+                                       **config)
+    assert isinstance(scheduler.kv_cache_manager, HybridKVCacheManager)
+    return scheduler, FakeHybridWorker(worker.num_blocks, worker.block_size)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_next_turn_restores_the_state_at_the_last_boundary_of_the_first(
+        async_scheduling: bool) -> None:
+    scheduler, worker = make_hybrid(async_scheduling=async_scheduling)
+    first = prompt(10)
+    scheduler.add_request(make_request("turn1", first, max_tokens=9))
+    run = run_until_done(scheduler, worker)
+    # 10 prompt + 9 outputs, 18 computed: checkpoints at 8 (prompt end) and 16 (decode).
+    second = first + run.outputs["turn1"] + prompt(5, seed=3)
+    scheduler.add_request(make_request("turn2", second, max_tokens=4))
+    out = step(scheduler, worker, run)
+    assert out.new_requests[0].num_computed_tokens == 16
+    assert out.state_checkpoints is not None and out.state_checkpoints.restore_handles
+    run_until_done(scheduler, worker, run)
+    assert run.finished["turn2"].num_cached_tokens == 16
+    assert worker.num_restores == 1
+    assert_matches_reference(run, {"turn1": (first, 9), "turn2": (second, 4)})
+
+
+def test_a_prompt_chunk_ends_at_its_last_boundary_and_a_shared_prompt_hits_it() -> None:
+    scheduler, worker = make_hybrid()
+    system = prompt(8, seed=1)
+    scheduler.add_request(make_request("a", system + [1, 2], max_tokens=2))
+    run = Run()
+    assert step(scheduler, worker, run).num_scheduled_tokens == [8]
+    assert step(scheduler, worker, run).num_scheduled_tokens == [2]
+    run_until_done(scheduler, worker, run)
+    scheduler.add_request(make_request("b", system + [3, 4, 5], max_tokens=2))
+    out = step(scheduler, worker, run)
+    assert out.new_requests[0].num_computed_tokens == 8
+    assert out.num_scheduled_tokens == [3]    # 11 tokens: past 8 no boundary is reached
+    run_until_done(scheduler, worker, run)
+    assert_matches_reference(run, {"a": (system + [1, 2], 2), "b": (system + [3, 4, 5], 2)})
+
+
+def test_a_hit_stops_at_the_last_boundary_with_a_checkpoint() -> None:
+    # One slot: the decode's checkpoint at 12 evicts the prompt's at 8, while the attention
+    # blocks of both stay cached.
+    scheduler, worker = make_hybrid(num_state_checkpoints=1)
+    first = prompt(10)
+    scheduler.add_request(make_request("a", first, max_tokens=4))
+    run = run_until_done(scheduler, worker)
+    cached = first + run.outputs["a"]
+    scheduler.add_request(make_request("b", cached[:8] + [1, 2, 3], max_tokens=2))
+    scheduler.add_request(make_request("c", cached[:12] + [4], max_tokens=2))
+    out = step(scheduler, worker, run)
+    assert [new.num_computed_tokens for new in out.new_requests] == [0, 12]
+    run_until_done(scheduler, worker, run)
+    assert_matches_reference(run, {"b": (cached[:8] + [1, 2, 3], 2),
+                                   "c": (cached[:12] + [4], 2)})
+
+
+def test_preempted_requests_resume_from_checkpoints_and_match_the_reference() -> None:
+    # 12 usable blocks of 4 tokens for three requests of 30 tokens: they preempt each other.
+    scheduler, worker = make_hybrid(num_blocks=13, num_state_checkpoints=4,
+                                    max_num_batched_tokens=8)
+    prompts = {f"r{i}": prompt(14, seed=i) for i in range(3)}
+    for request_id, tokens in prompts.items():
+        scheduler.add_request(make_request(request_id, tokens, max_tokens=16))
+    run = run_until_done(scheduler, worker)
+    assert scheduler.num_preemptions > 0
+    assert worker.num_restores > 0
+    assert_matches_reference(run, {rid: (tokens, 16) for rid, tokens in prompts.items()})
+
+
+def test_checkpoints_stay_bounded_and_reset_with_the_prefix_cache() -> None:
+    scheduler, worker = make_hybrid(num_state_checkpoints=3)
+    run = Run()
+    for i in range(5):
+        scheduler.add_request(make_request(f"r{i}", prompt(9, seed=i), max_tokens=12))
+    run_until_done(scheduler, worker, run)
+    manager = scheduler.kv_cache_manager
+    assert isinstance(manager, HybridKVCacheManager)
+    assert len(worker.checkpoints) <= 3
+    assert manager.checkpoints.num_free_slots == 3    # all evictable once nothing runs
+    assert scheduler.reset_prefix_cache()
+    scheduler.add_request(make_request("again", prompt(9, seed=4), max_tokens=2))
+    out = step(scheduler, worker, run)
+    assert out.new_requests[0].num_computed_tokens == 0
