@@ -169,7 +169,8 @@ class WorkerService(Service):
             max_loras=self.runner.lora.manager.max_loras if self.runner.lora else 0,
             max_cpu_loras=self.runner.lora.manager.max_cpu_loras if self.runner.lora else 0,
             weight_version=self.weight_updates.version if self.weight_updates else "",
-            has_recurrent_state=self.runner.hybrid is not None)
+            has_recurrent_state=self.runner.hybrid is not None,
+            num_state_checkpoints=self.runner.hybrid.num_checkpoints if self.runner.hybrid else 0)
 
     def readiness(self) -> tuple[bool, str]:
         return (True, "") if self.runner is not None else (False, "loading model")

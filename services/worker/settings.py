@@ -50,6 +50,10 @@ class WorkerSettings(CommonSettings, EngineSettings, KVTLSSettings):
                                     "(fixed reduction orders; costs speed, docs/benchmarks.md 17)")
     encoder_cache_size: int = setting(8192, "Vision models: image embeddings kept by content "
                                       "hash, in embedding rows (least recently used dropped)")
+    num_state_checkpoints: int = setting(
+        0, "Hybrid (Mamba2 + attention) models: copies of a sequence's recurrent state kept at "
+        "block boundaries for prefix caching, each as large as one sequence's state in every "
+        "Mamba layer, beside the KV cache (0: --max-num-seqs of them)")
     grammar_cache_size: int = setting(64, "Structured outputs: compiled grammars kept (LRU), "
                                       "keyed by kind and spec text")
     # KV connector (docs/kvstore.md): the scheduler names the blocks; these bound the I/O.

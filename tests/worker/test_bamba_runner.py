@@ -1,9 +1,11 @@
 """A hybrid (Bamba) model through the ModelRunner, against transformers' BambaForCausalLM from a
 tiny random checkpoint: prompt and decode logprobs over chunked prefill; greedy tokens of
 several prompts batched together with chunked prefill equal HF generate; a preempted request
-(dropped, then prefilled again from zero in its dirty slot) ends as it would have; a step that
-continues a row from tokens its state never took is refused; what v0 cannot run is refused at
-start."""
+(dropped, then prefilled again from zero in its dirty slot) ends as it would have; requests
+continued from state checkpoints (a prompt's last boundary, a decode's) equal HF generate on
+their whole prompt, and a zeroed checkpoint does not; a step that continues a row from tokens
+its state never took, or from a checkpoint of another length, is refused; what v0 cannot run
+is refused at start."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import torch
 import transformers
 
 from services.common import wire_pb
-from services.common.packing import pack_int32
+from services.common.packing import pack_int32, unpack_int32
 from services.common.speculative_config import SpeculativeConfig
 from services.worker.models.config import UnsupportedModelError
 from services.worker.runner.config import RunnerConfig
@@ -36,7 +38,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory
 @pytest.fixture
 def runner(checkpoint: tuple[Path, transformers.BambaForCausalLM]) -> ModelRunner:
     return ModelRunner(RunnerConfig(model_dir=checkpoint[0], kv_cache_memory=2**20,
-                                    max_num_seqs=4, max_model_len=256))
+                                    max_num_seqs=4, max_model_len=256, num_state_checkpoints=2))
 
 
 def _prompt(length: int, seed: int) -> list[int]:
@@ -89,6 +91,78 @@ def test_continuing_from_tokens_the_state_never_took_is_refused(runner: ModelRun
         step=0, new_requests=[new_request_data(7, prompt, [1, 2], num_computed=16)],
         num_scheduled_tokens=pack_int32([4])))
     assert "recurrent state holds 0 tokens" in out.error
+
+
+class _OneAtATime:
+    """Runs one request at a time to MAX_NEW_TOKENS greedy tokens, naming the state
+    checkpoints as the scheduler would: a restore for its prefix-cache hit, a save at each
+    boundary of `saves` (tokens after the step -> slot), a prompt chunk ending there."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        self.step = 0
+        self.finished: list[int] = []
+
+    def run(self, handle: int, tokens: list[int], blocks: list[int], num_computed: int = 0,
+            restore: int | None = None, saves: dict[int, int] | None = None) -> list[int]:
+        tokens, num_prompt, saves = list(tokens), len(tokens), saves or {}
+        while len(tokens) - num_prompt < MAX_NEW_TOKENS:
+            end = min([len(tokens), *(n for n in saves if num_computed < n < len(tokens))])
+            step = wire_pb.StepInput(step=self.step, finished_handles=pack_int32(self.finished),
+                                     num_scheduled_tokens=pack_int32([end - num_computed]))
+            if self.step == 0 or step.finished_handles:   # the request is new to the worker
+                step.new_requests.append(new_request_data(handle, tokens, blocks,
+                                                          num_computed=num_computed))
+                if restore is not None:
+                    step.state_restore_handles = pack_int32([handle])
+                    step.state_restore_slots = pack_int32([restore])
+            else:
+                step.cached_handles = pack_int32([handle])
+                step.cached_num_new_blocks = pack_int32([0])
+                step.cached_num_computed_tokens = pack_int32([num_computed])
+            if end in saves:
+                step.state_save_handles = pack_int32([handle])
+                step.state_save_slots = pack_int32([saves[end]])
+            self.step, self.finished = self.step + 1, []
+            out = self.runner.execute(step)
+            assert not out.error, out.error
+            tokens += unpack_int32(out.sampled_token_ids).tolist()
+            num_computed = end
+        self.finished = [handle]
+        return tokens[num_prompt:]
+
+
+def test_requests_continued_from_checkpoints_equal_hf_generate(checkpoint,
+                                                               runner: ModelRunner) -> None:
+    """A's prompt ends a chunk at 16 and saves it; B (A's first block + its own) restores it;
+    B's decode saves at 32; C (B's first 32 tokens + its own) restores that."""
+    hf = checkpoint[1]
+    turns = _OneAtATime(runner)
+    prompt_a = _prompt(24, seed=10)
+    assert turns.run(1, prompt_a, [1, 2, 8], saves={16: 0}) == _hf_greedy(hf, prompt_a)
+    prompt_b = prompt_a[:16] + _prompt(10, seed=11)
+    out_b = turns.run(2, prompt_b, [1, 3, 4], num_computed=16, restore=0, saves={32: 1})
+    assert out_b == _hf_greedy(hf, prompt_b)
+    prompt_c = (prompt_b + out_b)[:32] + _prompt(5, seed=12)
+    assert (turns.run(3, prompt_c, [1, 3, 5, 6], num_computed=32, restore=1)
+            == _hf_greedy(hf, prompt_c))
+    # The restore is what makes it right: from a zeroed checkpoint the tokens differ.
+    assert runner.hybrid is not None
+    for state in runner.hybrid.checkpoints:
+        state.conv_states.zero_()
+        state.ssm_states.zero_()
+    assert (turns.run(4, prompt_c, [1, 3, 5, 7], num_computed=32, restore=1)
+            != _hf_greedy(hf, prompt_c))
+
+
+def test_a_restore_from_a_checkpoint_of_another_length_is_refused(runner: ModelRunner
+                                                                  ) -> None:
+    prompt = _prompt(20, seed=6)
+    out = runner.execute(wire_pb.StepInput(
+        step=0, new_requests=[new_request_data(7, prompt, [1, 2], num_computed=16)],
+        num_scheduled_tokens=pack_int32([4]), state_restore_handles=pack_int32([7]),
+        state_restore_slots=pack_int32([0])))
+    assert "from state checkpoint 0, which holds -1 tokens" in out.error
 
 
 @pytest.mark.parametrize("refused", [

@@ -19,7 +19,8 @@ from services.worker.settings import WorkerSettings
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Settings whose 0 means "unset" (a flag has no None); the runner takes None.
-_UNSET_WHEN_ZERO = ("max_model_len", "kv_cache_memory", "num_threads", "max_cpu_loras")
+_UNSET_WHEN_ZERO = ("max_model_len", "kv_cache_memory", "num_threads", "max_cpu_loras",
+                    "num_state_checkpoints")
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,8 @@ class RunnerConfig:
     max_cpu_loras: int | None = None       # adapters kept in host memory; None: max_loras
     encoder_cache_size: int = 8192         # vision models: image embedding rows kept (LRU)
     batch_invariant: bool = False          # fixed reduction orders (runner/batch_invariance.py)
+    num_state_checkpoints: int | None = None   # hybrid models: state copies for prefix
+                                               # caching (hybrid_states.py); None: max_num_seqs
 
     @classmethod
     def from_settings(cls, settings: WorkerSettings, model_dir: Path) -> RunnerConfig:

@@ -1,14 +1,18 @@
-"""A hybrid model's recurrent states in the worker (v0, docs/hybrid_models.md): one slot per
-persistent-batch row, allocated at start-up for max_num_seqs rows, beside the paged KV cache.
+"""A hybrid model's recurrent states in the worker (docs/hybrid_models.md): one slot per
+persistent-batch row, allocated at start-up for max_num_seqs rows, beside the paged KV cache,
+and checkpoint slots: copies of a state at a block boundary, for prefix caching.
 
 A request's slot is its row. Each step names, per scheduled row, how many of its tokens the
 state has seen (the row's computed tokens): 0 starts it from zero whatever the slot holds (a
 new request, or one preempted and prefilled again: preemption is by recompute), more continues
 it (a prefill chunk, a decode). A state holds no history, so a row may only continue from
-exactly the tokens its state took; anything else (a prefix-cache hit, rejected drafts, a
-position recomputed) is refused with an error, never computed from the wrong state. What would
-ask for that is off or refused at start-up (check_hybrid_config; the scheduler turns prefix
-caching off), and grammar rows wait for their compile here instead of being deferred.
+exactly the tokens its state took. A new request with a prefix-cache hit first gets its state
+copied from the checkpoint the scheduler names (hybrid_kv_cache_manager.py), which must hold
+exactly that many tokens; a step's saves copy rows into checkpoints after its forward pass.
+Anything else (a hit without its checkpoint, rejected drafts, a position recomputed) is refused
+with an error, never computed from the wrong state. What would ask for that is refused at
+start-up (check_hybrid_config), and grammar rows wait for their compile here instead of being
+deferred.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import numpy as np
 import structlog
 import torch
 
+from services.common import wire_pb
+from services.common.packing import unpack_int32
 from services.worker.models.bamba import BambaForCausalLM
 from services.worker.models.config import ModelConfig, UnsupportedModelError
 from services.worker.models.mamba2 import Mamba2State, StateBatch
@@ -55,28 +61,74 @@ def enable_hybrid_states(get_model: Callable[[], object], config: RunnerConfig,
     now (a weight update or sleep mode swaps it; the slots stay)."""
     if not model_config.is_hybrid:
         return None
-    return HybridStates(get_model, config.max_num_seqs)
+    num_checkpoints = config.num_state_checkpoints
+    return HybridStates(get_model, config.max_num_seqs,
+                        config.max_num_seqs if num_checkpoints is None else num_checkpoints)
 
 
 class HybridStates(StepHooks):
-    def __init__(self, get_model: Callable[[], object], max_num_seqs: int):
+    def __init__(self, get_model: Callable[[], object], max_num_seqs: int,
+                 num_checkpoints: int):
         self._get_model = get_model
         model = self.model
         self.states: list[Mamba2State] = model.allocate_states(max_num_seqs, SSM_STATE_DTYPE)
         # Per row: the tokens its state has taken, to refuse a step continuing from others.
         self.num_state_tokens = np.zeros(max_num_seqs, dtype=np.int64)
-        shape = model.config.mamba
+        self.num_checkpoints = num_checkpoints
+        self.checkpoints: list[Mamba2State] = model.allocate_states(num_checkpoints,
+                                                                    SSM_STATE_DTYPE)
+        # Per checkpoint: the tokens of the state it holds (-1: none, or a save that failed).
+        self.num_checkpoint_tokens = np.full(num_checkpoints, -1, dtype=np.int64)
+        self._bound: StepBatch | None = None   # the last forward pass's batch (its saves)
+        state_bytes = model.config.mamba.state_bytes(model.dtype, SSM_STATE_DTYPE)
         log.info("recurrent state slots allocated", slots=max_num_seqs,
-                 mamba_layers=len(self.states),
-                 bytes_per_seq=shape.state_bytes(model.dtype, SSM_STATE_DTYPE) * len(self.states),
-                 state_bytes=sum(s.conv_states.nbytes + s.ssm_states.nbytes
-                                 for s in self.states))
+                 checkpoints=num_checkpoints, mamba_layers=len(self.states),
+                 bytes_per_seq=state_bytes * len(self.states),
+                 state_bytes=state_bytes * len(self.states) * (max_num_seqs + num_checkpoints))
 
     @property
     def model(self) -> BambaForCausalLM:
         model = self._get_model()
         assert isinstance(model, BambaForCausalLM)
         return model
+
+    def add_requests(self, input_batch: InputBatch, step: wire_pb.StepInput) -> None:
+        """New rows with a prefix-cache hit start from the checkpoint the step names."""
+        if not step.state_restore_handles:
+            return
+        rows = input_batch.rows_of(unpack_int32(step.state_restore_handles))
+        slots = unpack_int32(step.state_restore_slots).astype(np.int64)
+        num_tokens = input_batch.num_computed_tokens[rows].astype(np.int64)
+        wrong = np.flatnonzero(self.num_checkpoint_tokens[slots] != num_tokens)
+        if len(wrong):
+            i = int(wrong[0])
+            raise InputBatchError(
+                f"hybrid model: a request resumes at token {int(num_tokens[i])} from state "
+                f"checkpoint {int(slots[i])}, which holds "
+                f"{int(self.num_checkpoint_tokens[slots[i]])} tokens")
+        copy_states(self.checkpoints, slots, self.states, rows)
+        self.num_state_tokens[rows] = num_tokens
+
+    def before_forward(self, step: wire_pb.StepInput) -> None:
+        # NOTE: a save that never runs (the step fails) must not leave an older state named.
+        if step.state_save_slots:
+            self.num_checkpoint_tokens[unpack_int32(step.state_save_slots)] = -1
+
+    def finish_step(self, step: wire_pb.StepInput, out: wire_pb.StepOutput,
+                    ran_forward: bool) -> None:
+        """Copies the rows the step names into their checkpoints, in order (a later save
+        into a slot wins); a handle that did not run leaves its slot empty."""
+        batch, self._bound = self._bound, None
+        if not step.state_save_handles or not ran_forward or batch is None:
+            return
+        handle_to_row = dict(zip(batch.handles.tolist(), batch.rows.tolist()))
+        saves = {slot: handle_to_row[handle] for handle, slot in zip(
+            unpack_int32(step.state_save_handles).tolist(),
+            unpack_int32(step.state_save_slots).tolist()) if handle in handle_to_row}
+        if saves:
+            slots, rows = np.fromiter(saves, np.int64), np.fromiter(saves.values(), np.int64)
+            copy_states(self.states, rows, self.checkpoints, slots)
+            self.num_checkpoint_tokens[slots] = self.num_state_tokens[rows]
 
     def prepare_forward(self, batch: StepBatch, input_batch: InputBatch) -> None:
         if input_batch.structured_outputs is not None:
@@ -97,6 +149,18 @@ class HybridStates(StepHooks):
                 f"{int(num_computed[i])} but its recurrent state holds {int(seen[i])} tokens "
                 f"(no state is kept for other positions)")
         self.num_state_tokens[batch.rows] = batch.seq_lens
+        self._bound = batch
         self.model.set_step_states(self.states, StateBatch(
             tuple(batch.rows.tolist()), tuple(batch.attn.query_start_loc_cpu.tolist()),
             tuple(num_computed.tolist())))
+
+
+def copy_states(src: list[Mamba2State], src_slots: np.ndarray, dst: list[Mamba2State],
+                dst_slots: np.ndarray) -> None:
+    """Every Mamba layer's conv and SSM states of `src_slots` into `dst_slots`."""
+    device = src[0].conv_states.device if src else None
+    src_index = torch.from_numpy(src_slots).to(device)
+    dst_index = torch.from_numpy(dst_slots).to(device)
+    for source, target in zip(src, dst):
+        target.conv_states[dst_index] = source.conv_states[src_index]
+        target.ssm_states[dst_index] = source.ssm_states[src_index]
