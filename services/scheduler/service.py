@@ -353,8 +353,9 @@ class SchedulerService(Service):
             self._build_scheduler(info)
             return
         config = self.scheduler.config
-        if ((info.block_size, info.max_model_len, info.max_loras)
-                != (config.block_size, config.max_model_len, config.max_loras)):
+        if ((info.block_size, info.max_model_len, info.max_loras, info.num_state_checkpoints)
+                != (config.block_size, config.max_model_len, config.max_loras,
+                    config.num_state_checkpoints)):
             await self._fail_all("the engine's worker restarted with another configuration; "
                                  "retry the request")
             self._build_scheduler(info)
@@ -383,11 +384,11 @@ class SchedulerService(Service):
 
     def _build_scheduler(self, info: wire.WorkerInfo) -> None:
         config = self.settings.scheduler_config(info)
-        if info.has_recurrent_state and config.enable_prefix_caching:
+        if (info.has_recurrent_state and not info.num_state_checkpoints
+                and config.enable_prefix_caching):
             config = replace(config, enable_prefix_caching=False)
-            self.log.info("prefix caching (and with it the KV connector) is off: the "
-                          "worker's hybrid model keeps a recurrent state per sequence, and a "
-                          "cached prefix has none")
+            self.log.info("prefix caching is off: the worker's hybrid model keeps a recurrent "
+                          "state per sequence, and no state checkpoints for cached prefixes")
         self.scheduler = Scheduler(config, kv_connector=(
             self.kv.make_connector(info) if self.kv is not None else None))
         if self.kv is not None:

@@ -83,6 +83,7 @@ class SchedulerSettings(CommonSettings, EngineSettings, KVIndexSettings):
             max_model_len=worker.max_model_len,
             block_size=worker.block_size,
             enable_prefix_caching=self.enable_prefix_caching,
+            num_state_checkpoints=worker.num_state_checkpoints,
             long_prefill_token_threshold=self.long_prefill_token_threshold,
             max_itl_factor=self.max_itl_factor,
             policy=self.scheduling_policy,
