@@ -1,8 +1,10 @@
 """A hybrid model (Bamba: Mamba2 layers beside attention) through the real mesh, from a tiny random
 checkpoint built by transformers' own BambaForCausalLM: the official openai client's greedy
 completions equal HF generate's text, with several requests at once in a KV cache too small for
-them all (so some are preempted and prefilled again from a zero state); the same prompt again
-hits no prefix cache (a hybrid engine runs with prefix caching off)."""
+them all (so some are preempted and prefilled again, from a state checkpoint or from zero); a
+second chat turn (the first turn's prompt and answer, then a new message) hits the prefix cache
+up to the first turn's last state checkpoint and still equals HF generate on its whole
+prompt."""
 
 from __future__ import annotations
 
@@ -45,20 +47,29 @@ def mesh(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[
         yield running
 
 
+def _hf_greedy(model_dir: Path, ids: list[int]) -> list[int]:
+    """HF's greedy continuation of the token ids `ids`."""
+    model = transformers.BambaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False)
+    return out[0, len(ids):].tolist()
+
+
 def _hf_text(model_dir: Path, prompt: str) -> tuple[str, int]:
     """HF's greedy continuation of `prompt` and the prompt's token count."""
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    model = transformers.BambaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    ids = tokenizer(prompt, return_tensors="pt").input_ids
-    with torch.no_grad():
-        out = model.generate(ids, max_new_tokens=MAX_TOKENS, do_sample=False)
-    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True), ids.shape[1]
+    ids = tokenizer(prompt).input_ids
+    return tokenizer.decode(_hf_greedy(model_dir, ids), skip_special_tokens=True), len(ids)
+
+
+def _client(mesh: Mesh) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{mesh.base_url}/v1", api_key="unused", max_retries=0,
+                         timeout=120)
 
 
 def test_greedy_completions_equal_hf_through_preemption(mesh: Mesh, model_dir: Path) -> None:
     want = [_hf_text(model_dir, prompt) for prompt in PROMPTS]
-    with openai.OpenAI(base_url=f"{mesh.base_url}/v1", api_key="unused", max_retries=0,
-                       timeout=120) as client:
+    with _client(mesh) as client:
         name = client.models.list().data[0].id
 
         def complete(prompt: str) -> openai.types.Completion:
@@ -70,7 +81,29 @@ def test_greedy_completions_equal_hf_through_preemption(mesh: Mesh, model_dir: P
         assert [(c.choices[0].text, c.usage.prompt_tokens) for c in got] == want
         assert mesh.scheduler_metric("vllm:num_preemptions_total") > 0
 
-        again = complete(PROMPTS[0])
-        assert again.choices[0].text == want[0][0]
-        assert not (again.usage.prompt_tokens_details
-                    and again.usage.prompt_tokens_details.cached_tokens)
+
+def test_a_second_turn_restores_a_state_checkpoint_and_equals_hf(mesh: Mesh,
+                                                                  model_dir: Path) -> None:
+    """Token ids, so the second turn extends the first's exactly (a random model's answer
+    need not tokenize back to its own ids)."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    first = tokenizer("Tell me a story about a dragon.").input_ids
+    answer = _hf_greedy(model_dir, first)
+    second = first + answer + tokenizer(" And then?", add_special_tokens=False).input_ids
+    with _client(mesh) as client:
+        name = client.models.list().data[0].id
+
+        def complete(ids: list[int]) -> openai.types.Completion:
+            return client.completions.create(model=name, prompt=ids, max_tokens=MAX_TOKENS,
+                                             temperature=0)
+
+        assert complete(first).choices[0].text == tokenizer.decode(answer,
+                                                                   skip_special_tokens=True)
+        got = complete(second)
+    # The first turn computed len(first) + MAX_TOKENS - 1 tokens: its last decode checkpoint
+    # is at the last block boundary within them.
+    assert got.usage.prompt_tokens_details is not None
+    assert got.usage.prompt_tokens_details.cached_tokens == (
+        (len(first) + MAX_TOKENS - 1) // 16 * 16)
+    assert got.choices[0].text == tokenizer.decode(_hf_greedy(model_dir, second),
+                                                   skip_special_tokens=True)
