@@ -3,8 +3,8 @@ checkpoint built by transformers' own BambaForCausalLM: the official openai clie
 completions equal HF generate's text, with several requests at once in a KV cache too small for
 them all (so some are preempted and prefilled again, from a state checkpoint or from zero); a
 second chat turn (the first turn's prompt and answer, then a new message) hits the prefix cache
-up to the first turn's last state checkpoint and still equals HF generate on its whole
-prompt."""
+up to the first turn's last state checkpoint, and a prompt sharing another's first blocks hits
+that prompt's end-of-prompt checkpoint; both still equal HF generate on their whole prompt."""
 
 from __future__ import annotations
 
@@ -82,6 +82,17 @@ def test_greedy_completions_equal_hf_through_preemption(mesh: Mesh, model_dir: P
         assert mesh.scheduler_metric("vllm:num_preemptions_total") > 0
 
 
+def _complete_ids(mesh: Mesh, ids: list[int]) -> openai.types.Completion:
+    with _client(mesh) as client:
+        return client.completions.create(model=client.models.list().data[0].id, prompt=ids,
+                                         max_tokens=MAX_TOKENS, temperature=0)
+
+
+def _cached_tokens(completion: openai.types.Completion) -> int:
+    details = completion.usage.prompt_tokens_details if completion.usage else None
+    return (details.cached_tokens or 0) if details else 0
+
+
 def test_a_second_turn_restores_a_state_checkpoint_and_equals_hf(mesh: Mesh,
                                                                   model_dir: Path) -> None:
     """Token ids, so the second turn extends the first's exactly (a random model's answer
@@ -90,20 +101,27 @@ def test_a_second_turn_restores_a_state_checkpoint_and_equals_hf(mesh: Mesh,
     first = tokenizer("Tell me a story about a dragon.").input_ids
     answer = _hf_greedy(model_dir, first)
     second = first + answer + tokenizer(" And then?", add_special_tokens=False).input_ids
-    with _client(mesh) as client:
-        name = client.models.list().data[0].id
-
-        def complete(ids: list[int]) -> openai.types.Completion:
-            return client.completions.create(model=name, prompt=ids, max_tokens=MAX_TOKENS,
-                                             temperature=0)
-
-        assert complete(first).choices[0].text == tokenizer.decode(answer,
-                                                                   skip_special_tokens=True)
-        got = complete(second)
+    assert _complete_ids(mesh, first).choices[0].text == tokenizer.decode(
+        answer, skip_special_tokens=True)
+    got = _complete_ids(mesh, second)
     # The first turn computed len(first) + MAX_TOKENS - 1 tokens: its last decode checkpoint
     # is at the last block boundary within them.
-    assert got.usage.prompt_tokens_details is not None
-    assert got.usage.prompt_tokens_details.cached_tokens == (
-        (len(first) + MAX_TOKENS - 1) // 16 * 16)
+    assert _cached_tokens(got) == (len(first) + MAX_TOKENS - 1) // 16 * 16
     assert got.choices[0].text == tokenizer.decode(_hf_greedy(model_dir, second),
+                                                   skip_special_tokens=True)
+
+
+def test_a_shared_prompt_prefix_hits_the_prompt_end_checkpoint(mesh: Mesh,
+                                                               model_dir: Path) -> None:
+    """The first prompt's chunk ends at its last block boundary (40 tokens: at 32) to save
+    the state there; a prompt sharing those 32 tokens starts from it."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    shared = torch.randint(100, 5000, (32,), generator=torch.Generator().manual_seed(7)).tolist()
+    first = shared + tokenizer(" and the first question", add_special_tokens=False).input_ids
+    other = shared + tokenizer(" but another one entirely", add_special_tokens=False).input_ids
+    assert len(first) < 48 and len(other) < 48
+    assert _cached_tokens(_complete_ids(mesh, first)) == 0
+    got = _complete_ids(mesh, other)
+    assert _cached_tokens(got) == 32
+    assert got.choices[0].text == tokenizer.decode(_hf_greedy(model_dir, other),
                                                    skip_special_tokens=True)

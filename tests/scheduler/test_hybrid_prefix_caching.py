@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from services.scheduler.core import RunnerOutput, SchedulerOutput
+from services.scheduler.core import RunnerOutput, Scheduler, SchedulerOutput
 from services.scheduler.core.hybrid_kv_cache_manager import HybridKVCacheManager
 from services.scheduler.core.output import StateCheckpointOps
 from tests.scheduler.fakes import (FakeWorker, Run, assert_matches_reference, make_request,
@@ -51,7 +51,7 @@ class FakeHybridWorker(FakeWorker):
 
 
 def make_hybrid(num_blocks: int = 64, num_state_checkpoints: int = 8, **config
-                ) -> tuple[object, FakeHybridWorker]:
+                ) -> tuple[Scheduler, FakeHybridWorker]:
     scheduler, worker = make_scheduler(num_blocks, num_state_checkpoints=num_state_checkpoints,
                                        **config)
     assert isinstance(scheduler.kv_cache_manager, HybridKVCacheManager)
