@@ -137,11 +137,23 @@ def busiest_engine(mesh: Mesh) -> tuple[str, str]:
     return ENGINES[max(sorted(ENGINES), key=load)]
 
 
+ENGINE_LOAD = ("vllm:num_requests_running", "vllm:num_requests_waiting",
+               "vllm:kv_cache_usage_perc")
+
+
+def engine_load(mesh: Mesh) -> dict[str, list[float]]:
+    """Each scheduler's running and waiting requests and KV cache usage."""
+    return {name: [metric(mesh, name, gauge) for gauge in ENGINE_LOAD]
+            for name in ("scheduler", "scheduler-1")}
+
+
 def engines_idle(mesh: Mesh) -> bool:
-    return all(metric(mesh, name, "vllm:num_requests_running") == 0
-               and metric(mesh, name, "vllm:num_requests_waiting") == 0
-               and metric(mesh, name, "vllm:kv_cache_usage_perc") == 0
-               for name in ("scheduler", "scheduler-1"))
+    return all(value == 0 for load in engine_load(mesh).values() for value in load)
+
+
+def wait_idle(mesh: Mesh, timeout_s: float, what: str) -> float:
+    """Waits for both engines to hold no request and no block; a timeout names their load."""
+    return poll(lambda: engines_idle(mesh), timeout_s, what, state=lambda: engine_load(mesh))
 
 
 def record(fault: str, **facts: Any) -> None:

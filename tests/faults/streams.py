@@ -138,12 +138,14 @@ class StreamSet:
 
 
 def poll(condition: Callable[[], bool], timeout_s: float, what: str,
-         interval_s: float = 0.05) -> float:
-    """Waits for `condition` (a deadline, never a bare sleep); returns the seconds it took."""
+         interval_s: float = 0.05, state: Callable[[], object] | None = None) -> float:
+    """Waits for `condition` (a deadline, never a bare sleep); returns the seconds it took.
+    On a timeout the error names `state()`, what was seen last, for a failure read in CI."""
     started = time.monotonic()
     while not condition():
         if time.monotonic() - started > timeout_s:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+            seen = f"; last seen: {state()}" if state is not None else ""
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}{seen}")
         time.sleep(interval_s)
     return time.monotonic() - started
 

@@ -13,7 +13,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.faults.conftest import MODEL, engines_idle, metric, record
+from tests.faults.conftest import MODEL, metric, record, wait_idle
 from tests.faults.streams import poll
 from tests.mesh import Mesh
 
@@ -60,7 +60,7 @@ def test_batch_runner_killed_mid_job(runner: Mesh) -> None:
         runner.services["batch"].stop(signal.SIGKILL)
         done_at_kill = client.batches.retrieve(batch_id).request_counts.completed
         # Nobody reads the killed runner's lines any more: the engines drop them.
-        idle_after = poll(lambda: engines_idle(runner), 60, "the engines to drop its lines")
+        idle_after = wait_idle(runner, 60, "the engines to drop its lines")
         runner.restart("batch")     # the job comes back to it after its ack wait (2 s)
         finished = poll(lambda: client.batches.retrieve(batch_id).status == "completed",
                         180, "the job to complete")

@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.faults.conftest import (ENGINES, bodies, busiest_engine, complete, engines_idle,
-                                   gateway_metric, health, metric, record, wait_whole)
+from tests.faults.conftest import (ENGINES, bodies, busiest_engine, complete, gateway_metric,
+                                   health, metric, record, wait_idle, wait_whole)
 from tests.faults.streams import StreamSet, poll, post_json
 from tests.mesh import Mesh
 
@@ -144,7 +144,7 @@ def test_tokenizer_killed_mid_generation(fault_mesh: Mesh, reference: list[str])
     assert [r.text for r in results] == reference
     rejoined = wait_whole(fault_mesh)
     assert {k: v for k, v in pids(fault_mesh).items() if k != "tokenizer"} == others
-    idle_after = poll(lambda: engines_idle(fault_mesh), 30, "the engines to be idle")
+    idle_after = wait_idle(fault_mesh, 30, "the engines to be idle")
     record("tokenizer SIGKILL mid-generation, restarted",
            client_saw="new requests: 503 + Retry-After; running streams paused, then "
                       "completed identically", refused_after_s=refused_after,
@@ -191,7 +191,7 @@ def test_nats_restart_mid_generation(fault_mesh: Mesh, reference: list[str]) -> 
     assert [r.text for r in results] == reference
     reconnected = wait_whole(fault_mesh)
     assert pids(fault_mesh) == before            # every service reconnected by itself
-    idle_after = poll(lambda: engines_idle(fault_mesh), 60, "the engines to be idle")
+    idle_after = wait_idle(fault_mesh, 60, "the engines to be idle")
     assert complete(fault_mesh, "After the restart", 4)["usage"]["completion_tokens"] == 4
     record("nats-server restart mid-generation",
            client_saw="streams paused, then completed identically",
@@ -214,7 +214,7 @@ def test_gateway_killed_mid_generation(fault_mesh: Mesh) -> None:
     broken_after = max(r.ended for r in results) - killed
     assert broken_after < 5
     # Tokenizers drop a gone gateway's requests; the engines abort them and free blocks.
-    idle_after = poll(lambda: engines_idle(fault_mesh), 30, "the engines to drop the requests")
+    idle_after = wait_idle(fault_mesh, 30, "the engines to drop the requests")
     fault_mesh.services["gateway"].start({**os.environ, "PYTHONUNBUFFERED": "1"})
     rejoined = wait_whole(fault_mesh)
     assert {k: v for k, v in pids(fault_mesh).items() if k != "gateway"} == others

@@ -24,8 +24,8 @@ from contextlib import contextmanager
 import pytest
 
 from tests.faults.conftest import (MIGRATION_TIMEOUT_S, PROMPTS, STALL_TIMEOUT_S, bodies,
-                                   busiest_engine, complete, engines_idle, gateway_metric,
-                                   metric, record, wait_whole)
+                                   busiest_engine, complete, gateway_metric, metric, record,
+                                   wait_idle, wait_whole)
 from tests.faults.streams import StreamResult, StreamSet, poll
 from tests.mesh import Mesh, ServiceProcess
 
@@ -120,7 +120,7 @@ def test_a_hung_worker_is_found_by_the_gateway_watchdog(
         assert all(m["reason"] == "engine stalled" and m["to_engine"] == "engine-1"
                    for m in moves), moves
         # Awake again: its stuck step ends, its moved requests are dropped there.
-        idle_after = poll(lambda: engines_idle(fault_mesh), 60, "the engines to be idle")
+        idle_after = wait_idle(fault_mesh, 60, "the engines to be idle")
     record("worker SIGSTOP, its scheduler blind to it (gateway watchdog)",
            client_saw="keep-alives, then the streams continued on engine-1, identical",
            stalled=len(stalled), longest_silence_s=max(s for _, s in silences),
@@ -149,7 +149,7 @@ def test_a_scheduler_that_hangs_then_wakes_writes_into_no_moved_stream(
     assert [r.text for r in results] == long_reference     # nothing repeated, nothing lost
     assert max(r.ended for r in results) > woke + 1         # it woke mid-stream
     # It still held the moved requests: they are dropped there, their blocks freed.
-    idle_after = poll(lambda: engines_idle(fault_mesh), 60, "the woken engine to drop them")
+    idle_after = wait_idle(fault_mesh, 60, "the woken engine to drop them")
     rejoined = wait_whole(fault_mesh)
     record("scheduler SIGSTOP, woken mid-stream",
            client_saw="streams paused, continued on the other engine, identical",
