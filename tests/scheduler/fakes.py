@@ -1,5 +1,6 @@
-"""Test doubles for the engine core: a fake worker with a paged 'KV cache' of token ids, a
-manual clock, reference generation, and block-pool invariant checks."""
+"""Test doubles for the engine core: a fake worker with a paged 'KV cache' of token ids (and
+one of a hybrid model, with a recurrent state per row), a manual clock, reference generation,
+and block-pool invariant checks."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass, field
 from services.scheduler.core import (EngineCoreOutput, Request, RunnerOutput, Scheduler,
                                      SchedulerConfig, SchedulerOutput)
 from services.scheduler.core.kv_cache_manager import KVCacheManager
+from services.scheduler.core.output import StateCheckpointOps
 
 NextToken = Callable[[Sequence[int]], int]
 
@@ -122,6 +124,39 @@ class FakeWorker:
 
 
 @dataclass
+class FakeHybridWorker(FakeWorker):
+    """FakeWorker with a recurrent state per row (the tokens it took) and checkpoint slots:
+    a row must start from exactly its computed prefix, restored or empty."""
+
+    states: dict[int, list[int]] = field(default_factory=dict)
+    checkpoints: dict[int, list[int]] = field(default_factory=dict)
+    num_restores: int = 0
+
+    def apply_diffs(self, out: SchedulerOutput) -> None:
+        super().apply_diffs(out)
+        ops = out.state_checkpoints or StateCheckpointOps()
+        restores = dict(zip(ops.restore_handles, ops.restore_slots))
+        for new in out.new_requests:
+            slot = restores.get(new.handle)
+            self.states[new.handle] = [] if slot is None else list(self.checkpoints[slot])
+            self.num_restores += slot is not None
+        for handle in out.scheduled_handles:
+            row = self.rows[handle]
+            assert self.states[handle] == row.token_ids[:row.num_computed_tokens], (
+                f"handle {handle} continues from a state it never took")
+
+    def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        result = super().execute(out)
+        for handle in out.scheduled_handles:
+            row = self.rows[handle]
+            self.states[handle] = row.token_ids[:row.num_computed_tokens]
+        ops = out.state_checkpoints or StateCheckpointOps()
+        for handle, slot in zip(ops.save_handles, ops.save_slots):
+            self.checkpoints[slot] = list(self.states[handle])
+        return result
+
+
+@dataclass
 class Run:
     outputs: dict[str, list[int]] = field(default_factory=dict)
     finished: dict[str, EngineCoreOutput] = field(default_factory=dict)
@@ -141,7 +176,9 @@ def make_scheduler(num_blocks: int = 64, clock: ManualClock | None = None,
     config.setdefault("async_scheduling", False)
     scheduler = Scheduler(SchedulerConfig(num_gpu_blocks=num_blocks, **config),
                           clock=clock or ManualClock())
-    return scheduler, FakeWorker(num_blocks, config["block_size"])
+    # A hybrid model's worker: a recurrent state per row, restored only from checkpoints.
+    worker_type = FakeHybridWorker if config.get("num_state_checkpoints") else FakeWorker
+    return scheduler, worker_type(num_blocks, config["block_size"])
 
 
 def make_request(request_id: str, prompt: Sequence[int], max_tokens: int = 8,

@@ -6,48 +6,12 @@ per request (the next chat turn hits it), and a restored state is exactly the hi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import pytest
 
-from services.scheduler.core import RunnerOutput, Scheduler, SchedulerOutput
+from services.scheduler.core import Scheduler
 from services.scheduler.core.hybrid_kv_cache_manager import HybridKVCacheManager
-from services.scheduler.core.output import StateCheckpointOps
-from tests.scheduler.fakes import (FakeWorker, Run, assert_matches_reference, make_request,
-                                   make_scheduler, prompt, run_until_done, step)
-
-
-@dataclass
-class FakeHybridWorker(FakeWorker):
-    """FakeWorker with a recurrent state per row (the tokens it took) and checkpoint slots:
-    a row must start from exactly its computed prefix, restored or empty."""
-
-    states: dict[int, list[int]] = field(default_factory=dict)
-    checkpoints: dict[int, list[int]] = field(default_factory=dict)
-    num_restores: int = 0
-
-    def apply_diffs(self, out: SchedulerOutput) -> None:
-        super().apply_diffs(out)
-        ops = out.state_checkpoints or StateCheckpointOps()
-        restores = dict(zip(ops.restore_handles, ops.restore_slots))
-        for new in out.new_requests:
-            slot = restores.get(new.handle)
-            self.states[new.handle] = [] if slot is None else list(self.checkpoints[slot])
-            self.num_restores += slot is not None
-        for handle in out.scheduled_handles:
-            row = self.rows[handle]
-            assert self.states[handle] == row.token_ids[:row.num_computed_tokens], (
-                f"handle {handle} continues from a state it never took")
-
-    def execute(self, out: SchedulerOutput) -> RunnerOutput:
-        result = super().execute(out)
-        for handle in out.scheduled_handles:
-            row = self.rows[handle]
-            self.states[handle] = row.token_ids[:row.num_computed_tokens]
-        ops = out.state_checkpoints or StateCheckpointOps()
-        for handle, slot in zip(ops.save_handles, ops.save_slots):
-            self.checkpoints[slot] = list(self.states[handle])
-        return result
+from tests.scheduler.fakes import (FakeHybridWorker, Run, assert_matches_reference,
+                                   make_request, make_scheduler, prompt, run_until_done, step)
 
 
 def make_hybrid(num_blocks: int = 64, num_state_checkpoints: int = 8, **config
@@ -55,7 +19,8 @@ def make_hybrid(num_blocks: int = 64, num_state_checkpoints: int = 8, **config
     scheduler, worker = make_scheduler(num_blocks, num_state_checkpoints=num_state_checkpoints,
                                        **config)
     assert isinstance(scheduler.kv_cache_manager, HybridKVCacheManager)
-    return scheduler, FakeHybridWorker(worker.num_blocks, worker.block_size)
+    assert isinstance(worker, FakeHybridWorker)
+    return scheduler, worker
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])

@@ -1,8 +1,8 @@
 """Property-based scheduler runs: random configs, arrivals and aborts against the fake
-worker, with and without async scheduling. Every step keeps the budget and the pool's
-invariants; every request that runs to the end produces exactly the greedy reference output
-(through chunking, prefix hits and preemptions); an aborted one produces a prefix of it;
-nothing leaks."""
+worker (or a hybrid model's, restoring states from checkpoints), with and without async
+scheduling. Every step keeps the budget and the pool's invariants; every request that runs
+to the end produces exactly the greedy reference output (through chunking, prefix hits and
+preemptions); an aborted one produces a prefix of it; nothing leaks."""
 
 from __future__ import annotations
 
@@ -25,12 +25,16 @@ configs = st.fixed_dictionaries({
     "policy": st.sampled_from(["fcfs", "priority"]),
     "enable_prefix_caching": st.booleans(),
     "max_num_queued_reqs": st.sampled_from([None, None, 4]),
+    # A hybrid model's engine: prefix hits only at state checkpoints (a fake recurrent state).
+    "num_state_checkpoints": st.sampled_from([0, 0, 0, 1, 4]),
 })
 
 arrivals = st.lists(st.fixed_dictionaries({
     "at_step": st.integers(0, 20),
     "prefix": st.sampled_from(PREFIXES),
-    "suffix": st.lists(st.integers(1, 60), min_size=1, max_size=6),
+    # Some prompts repeat whole: a hybrid engine hits them at their end-of-prompt checkpoint.
+    "suffix": st.one_of(st.lists(st.integers(1, 60), min_size=1, max_size=6),
+                        st.sampled_from([[5], [5, 6, 7, 8, 9]])),
     "max_tokens": st.integers(1, 24),
     "priority": st.integers(0, 2),
     "abort_after": st.one_of(st.none(), st.none(), st.integers(0, 20)),
