@@ -106,8 +106,9 @@ class EngineSettings(ModelSettings):
         choices=("auto", "nats"))
     speculative_config: str = setting(
         "", "Speculative decoding, as vLLM's JSON (empty: off): method ngram (prompt lookup), "
-        "suffix, draft_model with a `model` of the target's tokenizer, or eagle3 with a "
-        "`model` naming an EAGLE-3 head's directory, e.g. "
+        "suffix, draft_model with a `model` of the target's tokenizer, eagle3 with a "
+        "`model` naming an EAGLE-3 head's directory, or mtp (the target checkpoint's own "
+        "MTP layer, MiMo's layout), e.g. "
         "'{\"method\": \"ngram\", \"num_speculative_tokens\": 3, \"prompt_lookup_max\": 4}'. "
         "Greedy output is unchanged and sampling keeps the target distribution")
 

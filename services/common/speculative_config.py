@@ -5,7 +5,8 @@ prompt-lookup speculation, `'{"method": "suffix"}'` suffix decoding, `'{"method"
 "draft_model", "model": "<path or name>", "num_speculative_tokens": 3}'` a draft model (as in
 vLLM, a config naming a `model` and no method means draft_model), `'{"method": "eagle3",
 "model": "<head dir>", "num_speculative_tokens": 3}'` an EAGLE-3 head drafting from the
-target's hidden states: the worker proposes up to
+target's hidden states, `'{"method": "mtp", "num_speculative_tokens": 2}'` the target
+checkpoint's own multi-token prediction layer (MiMo's layout): the worker proposes up to
 num_speculative_tokens drafts per request after each sampling step, the scheduler schedules
 them as extra query positions, and the worker's verifier keeps the target model's
 distribution (docs/architecture.md, "Speculative decoding"). An empty flag (the default) is
@@ -17,7 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, fields
 
-METHODS = ("ngram", "suffix", "draft_model", "eagle3")
+METHODS = ("ngram", "suffix", "draft_model", "eagle3", "mtp")
 MODEL_METHODS = ("draft_model", "eagle3")   # the methods that load a `model`
 _DEFAULT_PROMPT_LOOKUP = 5   # vLLM's n-gram window when neither bound is given
 

@@ -40,17 +40,10 @@ def test_each_draft_is_the_draft_models_greedy_continuation(model_dir: Path,
     for tokens in prompts():
         driver.add(tokens, max_new_tokens=24, stop_at_eos=False)
     draft = transformers.AutoModelForCausalLM.from_pretrained(draft_model_dir).eval()
-    batch = driver.runner.input_batch
     num_checked = 0
-    while any(not request.done for request in driver.requests.values()):
-        driver.run_step()
-        for row in batch.handle_to_row.values():
-            num_tokens, num_drafts = int(batch.num_tokens[row]), int(batch.num_draft_tokens[row])
-            if num_drafts:
-                context = batch.token_ids[row, :num_tokens].tolist()
-                drafts = batch.token_ids[row, num_tokens:num_tokens + num_drafts].tolist()
-                assert drafts == hf_greedy(draft, context, num_drafts)
-                num_checked += 1
+    for context, drafts in driver.run_drafting():
+        assert drafts == hf_greedy(draft, context, len(drafts))
+        num_checked += 1
     verified = sum(r.num_verified for r in driver.requests.values())
     accepted = sum(r.num_accepted for r in driver.requests.values())
     assert num_checked >= 20 and 0 < accepted < verified   # some drafts were rejected

@@ -24,6 +24,7 @@ from services.common.speculative_config import SpeculativeConfig, parse_speculat
      SpeculativeConfig("draft_model", 2, model="smollm2")),
     ('{"method": "eagle3", "model": "/heads/eagle3", "num_speculative_tokens": 3}',
      SpeculativeConfig("eagle3", 3, model="/heads/eagle3")),
+    ('{"method": "mtp", "num_speculative_tokens": 2}', SpeculativeConfig("mtp", 2)),
     ("", None),
 ])
 def test_the_flag_parses_as_vllm_reads_it(text: str, expected: SpeculativeConfig | None) -> None:
@@ -44,6 +45,7 @@ def test_the_flag_parses_as_vllm_reads_it(text: str, expected: SpeculativeConfig
     '{"method": "draft_model", "model": "", "num_speculative_tokens": 2}',
     '{"method": "eagle3", "num_speculative_tokens": 2}',
     '{"method": "eagle3", "model": "/heads/eagle3"}',
+    '{"method": "mtp"}', '{"method": "mtp", "model": "/models/mimo", "num_speculative_tokens": 2}',
 ])
 def test_bad_flags_are_refused(text: str) -> None:
     with pytest.raises(ValueError):
@@ -55,8 +57,9 @@ def test_bad_flags_are_refused(text: str) -> None:
     ('{"method": "eagle3", "num_speculative_tokens": 2}', "eagle3 needs `model`"),
     ('{"method": "eagle3", "model": "/heads/eagle3"}', "eagle3 needs num_speculative_tokens"),
     ('{"method": "eagle", "model": "/heads/eagle3", "num_speculative_tokens": 2}',
-     "method must be one of ngram, suffix, draft_model, eagle3"),
+     "method must be one of ngram, suffix, draft_model, eagle3, mtp"),
+    ('{"method": "mtp"}', "mtp needs num_speculative_tokens"),
 ])
-def test_an_eagle3_flag_missing_a_key_says_which(text: str, error: str) -> None:
+def test_a_flag_missing_a_key_says_which(text: str, error: str) -> None:
     with pytest.raises(ValueError, match=error):
         parse_speculative_config(text)

@@ -10,6 +10,7 @@ last position scheduled again (its grammar was still compiling), and a decode's 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -94,6 +95,18 @@ class StepDriver:
             self.run_step()
         self.run_step()  # sends the last finished handles
         return {h: r.output_ids for h, r in self.requests.items()}
+
+    def run_drafting(self) -> Iterator[tuple[list[int], list[int]]]:
+        """Steps until every request is done; after each step, yields every row that drafted:
+        its known tokens and the drafts proposed for its next step."""
+        batch = self.runner.input_batch
+        while any(not r.done for r in self.requests.values()):
+            self.run_step()
+            for row in batch.handle_to_row.values():
+                num_tokens = int(batch.num_tokens[row])
+                if num_drafts := int(batch.num_draft_tokens[row]):
+                    yield (batch.token_ids[row, :num_tokens].tolist(),
+                           batch.token_ids[row, num_tokens:num_tokens + num_drafts].tolist())
 
     def run_step(self) -> wire_pb.StepOutput:
         new, new_sched, cached, cached_sched, cached_new_blocks = [], [], [], [], []

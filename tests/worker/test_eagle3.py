@@ -94,17 +94,10 @@ def test_each_draft_is_the_heads_greedy_chain(target: tuple[Path, transformers.P
     driver = StepDriver(make_runner(model_dir, head_dir), token_budget=7)
     for tokens in prompts():
         driver.add(tokens, max_new_tokens=24, stop_at_eos=False)
-    batch = driver.runner.input_batch
     num_checked = 0
-    while any(not request.done for request in driver.requests.values()):
-        driver.run_step()
-        for row in batch.handle_to_row.values():
-            num_tokens, num_drafts = int(batch.num_tokens[row]), int(batch.num_draft_tokens[row])
-            if num_drafts:
-                context = batch.token_ids[row, :num_tokens].tolist()
-                drafts = batch.token_ids[row, num_tokens:num_tokens + num_drafts].tolist()
-                assert drafts == reference_drafts(hf, trained, context, drafts)
-                num_checked += 1
+    for context, drafts in driver.run_drafting():
+        assert drafts == reference_drafts(hf, trained, context, drafts)
+        num_checked += 1
     assert num_checked >= 20
     assert sum(r.num_verified for r in driver.requests.values()) > 0
 

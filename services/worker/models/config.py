@@ -15,6 +15,9 @@ HYBRID_MODEL_TYPES = ("bamba",)
 # vision tower (vision/registry.py).
 VISION_MODEL_TYPE_TO_TEXT = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "idefics3": "llama",
                              "smolvlm": "llama"}
+# Checkpoints that run as another model_type: MiMo is Qwen2 plus MTP layers, which only
+# speculative decoding reads (spec_decode/mtp_head.py).
+MODEL_TYPE_ALIASES = {"mimo": "qwen2"}
 
 
 class UnsupportedModelError(ValueError):
@@ -96,6 +99,8 @@ class ModelConfig:
     def from_hf_dir(cls, model_dir: Path) -> ModelConfig:
         hf = json.loads((model_dir / "config.json").read_text())
         model_type = hf.get("model_type", "")
+        model_type = MODEL_TYPE_ALIASES.get(model_type, model_type)
+        hf = {**hf, "model_type": model_type}
         vision_model_type = model_type if model_type in VISION_MODEL_TYPE_TO_TEXT else None
         if vision_model_type is not None:
             # NOTE: transformers 5 nests the text model's keys in text_config; older Qwen2-VL

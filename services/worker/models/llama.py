@@ -192,8 +192,9 @@ class LlamaForCausalLM:
                           + self.norm.numel() * self.norm.element_size()
                           + self.lm_head.num_bytes * (not tied))
         self.aux_hidden_state_layers: tuple[int, ...] = ()
-        """Set by EAGLE-3 (spec_decode/eagle3_proposer.py): forward keeps the residual stream
-        entering these layers, concatenated, in aux_hidden_states [num_tokens, n * hidden]."""
+        """Set by EAGLE-3 and MTP (spec_decode/eagle_proposer.py): forward keeps the residual
+        stream entering these layers (num_hidden_layers: leaving the last one, before the
+        final norm), concatenated, in aux_hidden_states [num_tokens, n * hidden]."""
         self.aux_hidden_states: torch.Tensor | None = None
         linears = [lin for layer in self.layers for lin in layer.linears] + [self.lm_head]
         # What a step of a few rows reads: GGUF blocks where the linears have them.
@@ -219,9 +220,13 @@ class LlamaForCausalLM:
                 kept.append(hidden if residual is None else hidden + residual)
             hidden, residual = layer.forward(hidden, residual, *tables[id(layer.rotary)],
                                              attn_metadata)
+        normed, stream = self.ops.add_rms_norm(hidden, residual, self.norm,
+                                               self.config.rms_norm_eps)
+        if len(self.layers) in self.aux_hidden_state_layers:
+            kept.append(stream)   # the stream leaving the last layer: what MTP reads
         if kept:
             self.aux_hidden_states = torch.cat(kept, dim=-1)
-        return self.ops.add_rms_norm(hidden, residual, self.norm, self.config.rms_norm_eps)[0]
+        return normed
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embedding(input_ids)

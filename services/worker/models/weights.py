@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
@@ -56,6 +57,15 @@ class WeightSource:
     def get_fused(self, names: list[str], dtype: torch.dtype | None = None) -> torch.Tensor:
         """Tensors concatenated along dim 0: q/k/v into one qkv weight, gate/up into one."""
         return torch.cat([self.get(name, dtype) for name in names], dim=0)
+
+    def renamed(self, prefix: str, stored_prefix: str) -> WeightSource:
+        """A view of the same files reading `prefix`* as `stored_prefix`*: a module stored
+        apart (an MTP layer under "mtp_layers.0.") loads by the names of the layer it is."""
+        view = copy.copy(self)
+        view._name_to_handle = {**self._name_to_handle, **{
+            prefix + name.removeprefix(stored_prefix): stored
+            for name, stored in self._name_to_handle.items() if name.startswith(stored_prefix)}}
+        return view
 
     def has_stored(self, name: str) -> bool:
         return name in self._name_to_handle

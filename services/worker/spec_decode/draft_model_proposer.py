@@ -30,16 +30,18 @@ import structlog
 import torch
 
 from services.common.model_files import resolve_model
-from services.common.speculative_config import MODEL_METHODS
 from services.worker.models.config import ModelConfig
 from services.worker.models.weights import WeightSource
 from services.worker.runner.config import RunnerConfig, RunnerInfo
 from services.worker.runner.input_batch import InputBatch
 from services.worker.runner.model_loader import attention_backend, kv_cache_spec, load_model
 from services.worker.spec_decode.draft_input_batch import DraftInputBatch
+from services.worker.spec_decode.mtp_head import mtp_layer_config
 from services.worker.spec_decode.proposer import Proposer
 
 log = structlog.get_logger(__name__)
+
+DRAFT_KV_METHODS = ("draft_model", "eagle3", "mtp")   # the methods drafting on their own KV
 
 
 class DraftModelError(ValueError):
@@ -112,16 +114,25 @@ class DraftModelProposer(Proposer):
                            logits.argmax(dim=-1).cpu().numpy())
 
 
-def draft_kv_bytes_per_block(config: RunnerConfig) -> int:
-    """What the draft model's (or EAGLE-3 head's) KV takes per block of the target's (0
-    without one), read from its config before anything loads."""
+def draft_model_config(config: RunnerConfig) -> ModelConfig:
+    """The shape of what drafts with its own KV: the draft model, the EAGLE-3 head, or the
+    target checkpoint's MTP layer."""
     spec = config.speculative_config
-    if spec is None or spec.method not in MODEL_METHODS or spec.model is None:
+    assert spec is not None and spec.method in DRAFT_KV_METHODS
+    if spec.method == "mtp":
+        return mtp_layer_config(ModelConfig.from_hf_dir(config.model_dir))
+    assert spec.model is not None
+    return ModelConfig.from_hf_dir(resolve_model(spec.model).hf_dir)
+
+
+def draft_kv_bytes_per_block(config: RunnerConfig) -> int:
+    """What the draft's KV (draft_model_config's) takes per block of the target's (0 without
+    one), read from its config before anything loads."""
+    spec = config.speculative_config
+    if spec is None or spec.method not in DRAFT_KV_METHODS:
         return 0
-    model_dir = resolve_model(spec.model).hf_dir
-    draft_config = replace(config, model_dir=model_dir, speculative_config=None,
-                           tensor_parallel_size=1)
-    return kv_cache_spec(draft_config, ModelConfig.from_hf_dir(model_dir)).bytes_per_block
+    draft_config = replace(config, speculative_config=None, tensor_parallel_size=1)
+    return kv_cache_spec(draft_config, draft_model_config(config)).bytes_per_block
 
 
 def _check_compatible(draft: ModelConfig, info: RunnerInfo, name: str) -> None:

@@ -16,7 +16,7 @@ from services.worker.runner.input_batch import InputBatch
 from services.worker.runner.step_batch import StepBatch
 from services.worker.runner.step_hooks import StepHooks
 from services.worker.spec_decode.draft_model_proposer import DraftModelProposer
-from services.worker.spec_decode.eagle3_proposer import Eagle3Proposer
+from services.worker.spec_decode.eagle_proposer import EagleProposer
 from services.worker.spec_decode.ngram_proposer import NgramProposer
 from services.worker.spec_decode.proposer import Proposer
 from services.worker.spec_decode.suffix_proposer import SuffixProposer
@@ -27,14 +27,14 @@ class Speculator(StepHooks):
                  target_model: Callable[[], LlamaForCausalLM]) -> None:
         """config: the runner's, with its speculative_config; info: what the runner built
         (the draft model's KV cache follows the target's blocks); target_model: the model
-        the runner serves now (EAGLE-3 drafts from its hidden states)."""
+        the runner serves now (EAGLE-3 and MTP draft from its hidden states)."""
         spec = config.speculative_config
         assert spec is not None
         self.proposer: Proposer
         if spec.method == "draft_model":
             self.proposer = DraftModelProposer(config, device, info)
-        elif spec.method == "eagle3":
-            self.proposer = Eagle3Proposer(config, device, info, target_model)
+        elif spec.method in ("eagle3", "mtp"):
+            self.proposer = EagleProposer(config, device, info, target_model)
         else:
             self.proposer = (SuffixProposer if spec.method == "suffix"
                              else NgramProposer)(spec, info.max_model_len)

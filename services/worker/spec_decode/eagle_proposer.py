@@ -1,16 +1,19 @@
-"""EAGLE-3 (vLLM's "eagle3" method): a one-layer head drafts a chain of tokens from the
-target's hidden states, for a fraction of a target forward pass (eagle3_head.py).
+"""Drafting from the target's hidden states (vLLM's EagleProposer, for its "eagle3" and "mtp"
+methods): a one-layer head drafts a chain of tokens for a fraction of a target forward pass.
+The head is an EAGLE-3 head, a checkpoint of its own (eagle3_head.py), or the MTP module
+shipped in the target's checkpoint (mtp_head.py); each reads the target's hidden states of
+the step (models/llama.py keeps the layers' it names) and runs as follows.
 
 The head's position p runs token p + 1 with the target's hidden state of position p (which
 predicted it), so it predicts token p + 2. Per step, after the target sampled:
 1. Catch-up: one head pass over every position of the step the target keeps (its accepted
    tokens; prompt chunks too, which sample nothing) whose next token is known, with the
-   target's aux hidden states of those positions (models/llama.py keeps them for the step).
-   Its KV then mirrors the target's: no bookkeeping of its own, and a rejected draft's
-   positions are run again next step with the target's states. A row's last position (its
-   newest token's predecessor) yields the first draft.
-2. k - 1 one-token passes, each running the last draft with the head's own pre-norm state
-   in place of the target's, yielding the next draft.
+   target's hidden states of those positions. Its KV then mirrors the target's: no
+   bookkeeping of its own, and a rejected draft's positions are run again next step with
+   the target's states. A row's last position (its newest token's predecessor) yields the
+   first draft.
+2. k - 1 one-token passes, each running the last draft with the head's own state (EAGLE-3:
+   pre-norm, MTP: normed, as vLLM) in place of the target's, yielding the next draft.
 
 The head's KV is a paged cache of its one layer indexed by the target's block ids plus a
 few scratch blocks per row, as a draft model's (draft_input_batch.py); its passes are built
@@ -19,7 +22,7 @@ so a draft lands right after the row's known tokens, where the verifier reads it
 the target skipped (a prefix-cache hit) keep whatever head KV their blocks hold, as in
 vLLM: that costs acceptance, never correctness (the verifier decides every token).
 
-NOTE (limits): one rank (the aux states are rank 0's), and no CUDA graphs (a replayed graph
+NOTE (limits): one rank (the kept states are rank 0's), and no CUDA graphs (a replayed graph
 would not refresh the kept states): both refused at start-up.
 """
 
@@ -27,12 +30,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any, Protocol
 
 import numpy as np
 import structlog
 import torch
 
 from services.common.model_files import resolve_model
+from services.worker.attention.backend import KVCache
 from services.worker.models.config import ModelConfig
 from services.worker.models.llama import LlamaForCausalLM
 from services.worker.models.weights import WeightSource
@@ -41,45 +46,74 @@ from services.worker.runner.input_batch import InputBatch, concat_ranges
 from services.worker.runner.model_loader import attention_backend, kv_cache_spec
 from services.worker.runner.step_batch import StepBatch
 from services.worker.spec_decode.draft_input_batch import DraftInputBatch
-from services.worker.spec_decode.eagle3_head import Eagle3Error, Eagle3Head
+from services.worker.spec_decode.draft_model_proposer import draft_model_config
+from services.worker.spec_decode.eagle3_head import Eagle3Head
+from services.worker.spec_decode.mtp_head import MTPHead
 from services.worker.spec_decode.proposer import Proposer
 
 log = structlog.get_logger(__name__)
 
 
-class Eagle3Proposer(Proposer):
+class DraftHead(Protocol):
+    """What the proposer runs: Eagle3Head or MTPHead."""
+    config: ModelConfig   # the head's one layer
+    # The target layers whose input it reads (num_hidden_layers: the last one's output).
+    aux_layer_ids: tuple[int, ...]
+
+    def bind_kv_caches(self, kv_caches: list[KVCache]) -> None: ...
+
+    def combine_hidden_states(self, aux_hidden_states: torch.Tensor) -> torch.Tensor:
+        """The target's kept states [T, n * target hidden] as the head's input [T, H]."""
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor,
+                attn_metadata: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """(normed: the logits' input, the next pass's hidden input) [T, H] of one pass."""
+
+    def greedy_tokens(self, normed: torch.Tensor) -> torch.Tensor:
+        """The target ids of the argmax per row."""
+
+
+class EagleProposer(Proposer):
     def __init__(self, config: RunnerConfig, device: torch.device, info: RunnerInfo,
                  target_model: Callable[[], LlamaForCausalLM]) -> None:
         """target_model: the model the runner serves now (a wake-up or a weight update
-        swaps it), whose aux hidden states the head reads."""
+        swaps it), whose kept hidden states the head reads."""
         spec = config.speculative_config
-        assert spec is not None and spec.model is not None
+        assert spec is not None
         if config.tensor_parallel_size > 1:
-            raise Eagle3Error("eagle3 runs with one rank: drop --tensor-parallel-size")
+            raise ValueError(f"{spec.method} runs with one rank: drop --tensor-parallel-size")
         if device.type == "cuda" and config.enable_cuda_graphs:
-            raise Eagle3Error("eagle3 does not run under CUDA graphs yet (a replayed graph "
-                              "does not keep the target's hidden states): serve it on CPU")
-        head_dir = resolve_model(spec.model).hf_dir
+            raise ValueError(f"{spec.method} does not run under CUDA graphs yet (a replayed "
+                             f"graph does not keep the target's hidden states): serve it on "
+                             f"CPU")
+        head_dir = (config.model_dir if spec.model is None
+                    else resolve_model(spec.model).hf_dir)
         head_runner_config = replace(config, model_dir=head_dir, speculative_config=None)
-        head_config = ModelConfig.from_hf_dir(head_dir)
+        head_config = draft_model_config(config)
         self.target_model = target_model
         self.num_speculative_tokens = spec.num_speculative_tokens
         self.max_model_len = info.max_model_len
         self.device = device
         self.attn = attention_backend(head_runner_config, head_config, device)
-        self.head = Eagle3Head(head_dir, WeightSource(head_dir, config.torch_dtype, device),
-                               self.attn, info.max_model_len, target_model().config,
-                               lambda ids: self.target_model().embed_input_ids(ids))
+        weights = WeightSource(head_dir, config.torch_dtype, device)
+        self.head: DraftHead
+        if spec.method == "mtp":
+            self.head = MTPHead(head_dir, weights, self.attn, info.max_model_len,
+                                target_model().config, target_model)
+        else:
+            self.head = Eagle3Head(head_dir, weights, self.attn, info.max_model_len,
+                                   target_model().config,
+                                   lambda ids: self.target_model().embed_input_ids(ids))
         self.draft_batch, kv_caches = DraftInputBatch.with_kv_caches(
             config, info, kv_cache_spec(head_runner_config, head_config),
             self.num_speculative_tokens, device)
         self.head.bind_kv_caches(kv_caches)
-        # Each drafting row's last pre-norm state: the next pass's hidden input.
+        # Each drafting row's last state: the next pass's hidden input.
         self._carry = torch.zeros(config.max_num_seqs, head_config.hidden_size,
                                   dtype=config.torch_dtype, device=device)
         self._step: StepBatch | None = None
-        log.info("eagle3 head ready", head=head_dir.name, aux_layers=self.head.aux_layer_ids,
-                 draft_vocab_size=self.head.lm_head.out_features,
+        log.info("draft head ready", method=spec.method, head=head_dir.name,
+                 aux_layers=self.head.aux_layer_ids,
                  num_speculative_tokens=self.num_speculative_tokens)
 
     def prepare_forward(self, step: StepBatch) -> None:
@@ -96,14 +130,14 @@ class Eagle3Proposer(Proposer):
         caught_up = self._catch_up(batch, step)
         if caught_up is None:
             return np.zeros(len(rows), dtype=np.int32)
-        passes, normed, prenorm = caught_up
+        passes, normed, carry = caught_up
         # NOTE: a decode whose sample waits for its grammar kept no position: no drafts yet.
         num_drafts[~np.isin(rows, passes.rows)] = 0
         drafting = rows[num_drafts > 0]
         if len(drafting):
             last_of_row = np.zeros(batch.max_num_reqs, dtype=np.int64)
             last_of_row[passes.rows] = passes.attn.query_start_loc_cpu[1:] - 1
-            self._append(drafting, normed, prenorm, self._tensor(last_of_row[drafting]))
+            self._append(drafting, normed, carry, self._tensor(last_of_row[drafting]))
         # A row's tokens as the head counts them (shifted by one) once all its drafts are in.
         goal = np.zeros(batch.max_num_reqs, dtype=np.int64)
         goal[drafting] = batch.num_tokens[drafting] - 1 + num_drafts[num_drafts > 0]
@@ -116,7 +150,7 @@ class Eagle3Proposer(Proposer):
     def _catch_up(self, batch: InputBatch, step: StepBatch
                   ) -> tuple[StepBatch, torch.Tensor, torch.Tensor] | None:
         """Runs the head over the step's kept positions whose next token is known: the
-        pass, its normed and pre-norm states (None: no such position)."""
+        pass, its normed and carried states (None: no such position)."""
         draft_batch = self.draft_batch
         query_start = step.attn.query_start_loc_cpu
         first = step.seq_lens - np.diff(query_start)   # each row's first position in the step
@@ -134,10 +168,10 @@ class Eagle3Proposer(Proposer):
         aux = self.target_model().aux_hidden_states
         assert aux is not None and len(aux) == step.num_tokens
         hidden = self.head.combine_hidden_states(aux[self._tensor(hidden_rows)])
-        normed, prenorm = self.head.forward(passes.input_ids, passes.positions, hidden,
-                                            self.attn.build_metadata(passes.attn))
+        normed, carry = self.head.forward(passes.input_ids, passes.positions, hidden,
+                                          self.attn.build_metadata(passes.attn))
         draft_batch.num_computed_tokens[passes.rows] = passes.seq_lens
-        return passes, normed, prenorm
+        return passes, normed, carry
 
     def _draft_on(self, rows: np.ndarray) -> None:
         """One pass running each row's last draft with its carried state: the next draft."""
@@ -145,17 +179,17 @@ class Eagle3Proposer(Proposer):
                                           self.device)
         assert passes is not None
         hidden = self._carry[self._tensor(passes.rows)]
-        normed, prenorm = self.head.forward(passes.input_ids, passes.positions, hidden,
-                                            self.attn.build_metadata(passes.attn))
+        normed, carry = self.head.forward(passes.input_ids, passes.positions, hidden,
+                                          self.attn.build_metadata(passes.attn))
         self.draft_batch.num_computed_tokens[passes.rows] = passes.seq_lens
-        self._append(passes.rows, normed, prenorm, None)
+        self._append(passes.rows, normed, carry, None)
 
-    def _append(self, rows: np.ndarray, normed: torch.Tensor, prenorm: torch.Tensor,
+    def _append(self, rows: np.ndarray, normed: torch.Tensor, carry: torch.Tensor,
                 index: torch.Tensor | None) -> None:
         """Drafts from the states at `index` (all: None) as the next tokens of `rows`."""
         if index is not None:
-            normed, prenorm = normed[index], prenorm[index]
-        self._carry[self._tensor(rows)] = prenorm
+            normed, carry = normed[index], carry[index]
+        self._carry[self._tensor(rows)] = carry
         self.draft_batch.append(rows, self.head.greedy_tokens(normed).cpu().numpy())
 
     def _tensor(self, indices: np.ndarray) -> torch.Tensor:
