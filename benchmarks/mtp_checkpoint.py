@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("bench-results/mtp-tiny"))
     parser.add_argument("--mtp", choices=("bigram", "random"), default="bigram")
-    parser.add_argument("--layer-scale", type=float, default=0.5)
+    parser.add_argument("--layer-scale", type=float, default=0.005)
     parser.add_argument("--hidden-size", type=int, default=256)
     parser.add_argument("--num-layers", type=int, default=4)
     parser.add_argument("--vocab-size", type=int, default=4096)

@@ -38,7 +38,6 @@ import torch
 
 from services.common.model_files import resolve_model
 from services.worker.attention.backend import KVCache
-from services.worker.models.config import ModelConfig
 from services.worker.models.llama import LlamaForCausalLM
 from services.worker.models.weights import WeightSource
 from services.worker.runner.config import RunnerConfig, RunnerInfo
@@ -56,7 +55,6 @@ log = structlog.get_logger(__name__)
 
 class DraftHead(Protocol):
     """What the proposer runs: Eagle3Head or MTPHead."""
-    config: ModelConfig   # the head's one layer
     # The target layers whose input it reads (num_hidden_layers: the last one's output).
     aux_layer_ids: tuple[int, ...]
 
