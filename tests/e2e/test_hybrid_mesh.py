@@ -18,7 +18,7 @@ import torch
 import transformers
 
 from tests.mesh import Mesh, serving
-from tests.worker.tiny_bamba import save_tiny_bamba
+from tests.worker.tiny_hybrids import save_tiny_bamba
 
 pytestmark = pytest.mark.slow
 

@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3",
-                         "mixtral", "qwen2_moe", "qwen3_moe", "bamba")
+                         "mixtral", "qwen2_moe", "qwen3_moe", "bamba", "nemotron_h")
 # Hybrids: Mamba2 layers beside a few attention layers (docs/hybrid_models.md).
-HYBRID_MODEL_TYPES = ("bamba",)
+HYBRID_MODEL_TYPES = ("bamba", "nemotron_h")
+# Nemotron-H's layer kinds as its hybrid_override_pattern spells them.
+NEMOTRON_H_LAYER_CHARS = {"linear_attention": "M", "full_attention": "*", "mlp": "-", "moe": "E"}
 # Vision-language checkpoints: the text model they hold runs as this model_type, beside the
 # vision tower (vision/registry.py).
 VISION_MODEL_TYPE_TO_TEXT = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "idefics3": "llama",
@@ -111,6 +113,8 @@ class ModelConfig:
             raise UnsupportedModelError(
                 f"model_type {model_type!r} is not supported; the worker runs "
                 f"{', '.join(SUPPORTED_MODEL_TYPES + tuple(VISION_MODEL_TYPE_TO_TEXT))} models")
+        if model_type == "nemotron_h":
+            hf = {**hf, "num_hidden_layers": len(nemotron_h_pattern(hf))}
         num_heads = hf["num_attention_heads"]
         is_hybrid = model_type in HYBRID_MODEL_TYPES
         # NOTE: Bamba rotates half of each head; its model applies that rope itself.
@@ -149,9 +153,23 @@ class ModelConfig:
             moe=_moe_config(hf),
             vision_model_type=vision_model_type,
             mrope_section=mrope_section,
-            hybrid_attention_layers=(tuple(hf.get("attn_layer_indices") or ())
-                                     if is_hybrid else None),
+            hybrid_attention_layers=_hybrid_attention_layers(hf) if is_hybrid else None,
         )
+
+
+def nemotron_h_pattern(hf: dict[str, Any]) -> str:
+    """Nemotron-H's layers, one char each: M Mamba2, * attention, - MLP, E MoE (transformers 5
+    writes them as the list layers_block_type, older checkpoints as hybrid_override_pattern)."""
+    layer_types = hf.get("layers_block_type")
+    if layer_types:
+        return "".join(NEMOTRON_H_LAYER_CHARS[t] for t in layer_types)
+    return hf["hybrid_override_pattern"]
+
+
+def _hybrid_attention_layers(hf: dict[str, Any]) -> tuple[int, ...]:
+    if hf["model_type"] == "nemotron_h":
+        return tuple(i for i, kind in enumerate(nemotron_h_pattern(hf)) if kind == "*")
+    return tuple(hf.get("attn_layer_indices") or ())
 
 
 def _rope_parameters(hf: dict[str, Any], allow_partial_rotary: bool = False

@@ -6,12 +6,14 @@ from services.worker.models.bamba import BambaForCausalLM
 from services.worker.models.gemma import GemmaForCausalLM
 from services.worker.models.llama import LlamaForCausalLM
 from services.worker.models.moe import MixtralForCausalLM, Qwen2MoeForCausalLM
+from services.worker.models.nemotron_h import NemotronHForCausalLM
 from services.worker.models.phi3 import Phi3ForCausalLM
 
-CausalLM = LlamaForCausalLM | BambaForCausalLM
+CausalLM = LlamaForCausalLM | BambaForCausalLM | NemotronHForCausalLM
 
 _MODEL_TYPE_TO_CLASS: dict[str, type[CausalLM]] = {
-    "bamba": BambaForCausalLM,          # a hybrid: Mamba2 layers beside attention
+    "bamba": BambaForCausalLM,           # a hybrid: Mamba2 layers beside attention
+    "nemotron_h": NemotronHForCausalLM,  # a hybrid: Mamba2, attention and MLP-only layers
     "gemma2": GemmaForCausalLM,
     "gemma3_text": GemmaForCausalLM,
     "phi3": Phi3ForCausalLM,

@@ -25,7 +25,7 @@ import torch
 
 from services.common import wire_pb
 from services.common.packing import unpack_int32
-from services.worker.models.bamba import BambaForCausalLM
+from services.worker.models.hybrid_lm import HybridForCausalLM
 from services.worker.models.config import ModelConfig, UnsupportedModelError
 from services.worker.models.mamba2 import Mamba2State, StateBatch
 from services.worker.runner.config import RunnerConfig
@@ -80,16 +80,16 @@ class HybridStates(StepHooks):
         # Per checkpoint: the tokens of the state it holds (-1: none, or a save that failed).
         self.num_checkpoint_tokens = np.full(num_checkpoints, -1, dtype=np.int64)
         self._bound: StepBatch | None = None   # the last forward pass's batch (its saves)
-        state_bytes = model.config.mamba.state_bytes(model.dtype, SSM_STATE_DTYPE)
+        state_bytes = model.mamba_shape.state_bytes(model.dtype, SSM_STATE_DTYPE)
         log.info("recurrent state slots allocated", slots=max_num_seqs,
                  checkpoints=num_checkpoints, mamba_layers=len(self.states),
                  bytes_per_seq=state_bytes * len(self.states),
                  state_bytes=state_bytes * len(self.states) * (max_num_seqs + num_checkpoints))
 
     @property
-    def model(self) -> BambaForCausalLM:
+    def model(self) -> HybridForCausalLM:
         model = self._get_model()
-        assert isinstance(model, BambaForCausalLM)
+        assert isinstance(model, HybridForCausalLM)
         return model
 
     def add_requests(self, input_batch: InputBatch, step: wire_pb.StepInput) -> None:

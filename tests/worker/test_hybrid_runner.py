@@ -1,5 +1,5 @@
-"""A hybrid (Bamba) model through the ModelRunner, against transformers' BambaForCausalLM from a
-tiny random checkpoint: prompt and decode logprobs over chunked prefill; greedy tokens of
+"""Each hybrid family (Bamba, Nemotron-H) through the ModelRunner, against transformers' own model
+class from a tiny random checkpoint (tiny_hybrids.py): prompt and decode logprobs over chunked prefill; greedy tokens of
 several prompts batched together with chunked prefill equal HF generate; a preempted request
 (dropped, then prefilled again from zero in its dirty slot) ends as it would have; requests
 continued from state checkpoints (a prompt's last boundary, a decode's) equal HF generate on
@@ -22,21 +22,21 @@ from services.worker.models.config import UnsupportedModelError
 from services.worker.runner.config import RunnerConfig
 from services.worker.runner.model_runner import ModelRunner
 from tests.worker.driver import StepDriver, new_request_data
-from tests.worker.tiny_bamba import save_tiny_bamba
+from tests.worker.tiny_hybrids import HYBRID_FAMILIES
 from tests.worker.tiny_models import assert_logprobs_match_hf
 
 MAX_NEW_TOKENS = 12
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory
-               ) -> tuple[Path, transformers.BambaForCausalLM]:
-    path = tmp_path_factory.mktemp("bamba-runner")
-    return path, save_tiny_bamba(path)
+@pytest.fixture(scope="module", params=list(HYBRID_FAMILIES))
+def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+               ) -> tuple[Path, transformers.PreTrainedModel]:
+    path = tmp_path_factory.mktemp(f"{request.param}-runner")
+    return path, HYBRID_FAMILIES[request.param][0](path)
 
 
 @pytest.fixture
-def runner(checkpoint: tuple[Path, transformers.BambaForCausalLM]) -> ModelRunner:
+def runner(checkpoint: tuple[Path, transformers.PreTrainedModel]) -> ModelRunner:
     return ModelRunner(RunnerConfig(model_dir=checkpoint[0], kv_cache_memory=2**20,
                                     max_num_seqs=4, max_model_len=256, num_state_checkpoints=2))
 
@@ -45,7 +45,7 @@ def _prompt(length: int, seed: int) -> list[int]:
     return torch.randint(3, 256, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def _hf_greedy(hf: transformers.BambaForCausalLM, prompt: list[int]) -> list[int]:
+def _hf_greedy(hf: transformers.PreTrainedModel, prompt: list[int]) -> list[int]:
     with torch.no_grad():
         out = hf.generate(torch.tensor([prompt]), max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
     return out[0, len(prompt):].tolist()
