@@ -1,5 +1,6 @@
-"""A hybrid model (Bamba: Mamba2 layers beside attention) through the real mesh, from a tiny random
-checkpoint built by transformers' own BambaForCausalLM: the official openai client's greedy
+"""Each hybrid family (Bamba, Nemotron-H: Mamba2 layers beside attention) through the real mesh, from
+a tiny random checkpoint built by transformers' own model class (tiny_hybrids.py): the official
+openai client's greedy
 completions equal HF generate's text, with several requests at once in a KV cache too small for
 them all (so some are preempted and prefilled again, from a state checkpoint or from zero); a
 second chat turn (the first turn's prompt and answer, then a new message) hits the prefix cache
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import cache
 from pathlib import Path
 
 import openai
@@ -18,7 +20,7 @@ import torch
 import transformers
 
 from tests.mesh import Mesh, serving
-from tests.worker.tiny_hybrids import save_tiny_bamba
+from tests.worker.tiny_hybrids import HYBRID_FAMILIES
 
 pytestmark = pytest.mark.slow
 
@@ -31,27 +33,35 @@ PROMPTS = ["The quick brown fox jumps over", "Once upon a time, in a land far aw
            "def fibonacci(n):"]
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("tiny-bamba")
-    save_tiny_bamba(path, with_tokenizer=True, max_position_embeddings=MAX_MODEL_LEN)
+@pytest.fixture(scope="module", params=list(HYBRID_FAMILIES))
+def model_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp(f"tiny-{request.param}")
+    HYBRID_FAMILIES[request.param][0](path, with_tokenizer=True,
+                                      max_position_embeddings=MAX_MODEL_LEN)
     return path
 
 
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Mesh]:
     model = ["--model", str(model_dir), "--max-model-len", str(MAX_MODEL_LEN)]
-    with serving(Mesh(tmp_path_factory.mktemp("mesh-bamba"), namespace="hybrid", extra_args={
+    with serving(Mesh(tmp_path_factory.mktemp(f"mesh-{model_dir.name}"), namespace="hybrid",
+                      extra_args={
             "tokenizer": ["--model", str(model_dir)], "scheduler": model,
             "worker": [*model, "--kv-cache-memory", str(KV_CACHE_MEMORY)]})) as running:
         yield running
 
 
+@cache
+def _hf_model(model_dir: Path) -> transformers.PreTrainedModel:
+    return transformers.AutoModelForCausalLM.from_pretrained(model_dir,
+                                                             dtype=torch.float32).eval()
+
+
 def _hf_greedy(model_dir: Path, ids: list[int]) -> list[int]:
     """HF's greedy continuation of the token ids `ids`."""
-    model = transformers.BambaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False)
+        out = _hf_model(model_dir).generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS,
+                                            do_sample=False)
     return out[0, len(ids):].tolist()
 
 
