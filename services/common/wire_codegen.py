@@ -2,8 +2,9 @@
 
 - services/common/wire: betterproto dataclasses, what every service builds and reads.
 - services/common/wire_pb: the official protobuf runtime's classes (upb, in C) for the
-  messages of the step path (common.proto, engine.proto): a scheduler and its worker
-  exchange a step every few milliseconds, and betterproto spends ~0.1-0.5 ms building,
+  messages sent every step (common.proto, engine.proto, tokenizer.proto): a scheduler and
+  its worker exchange a step every few milliseconds, and each step's tokens go on to a
+  tokenizer and its text to a gateway; betterproto spends ~0.1-0.5 ms building,
   serializing or parsing each of those messages where upb spends microseconds. Both views
   read and write the same bytes.
 
@@ -23,7 +24,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 PROTO_DIR = REPO_ROOT / "proto"
 WIRE_PACKAGE = Path(__file__).resolve().parent / "wire" / "__init__.py"
 WIRE_PB_PACKAGE = Path(__file__).resolve().parent / "wire_pb"
-WIRE_PB_PROTOS = ("common.proto", "engine.proto")
+WIRE_PB_PROTOS = ("common.proto", "engine.proto", "tokenizer.proto")
 # NOTE: upb registers every file and message in one process-wide pool, where a name taken
 # twice fails the import: ours get a directory and a package no other library uses.
 _PB_DIR = "llm_mesh_wire"
