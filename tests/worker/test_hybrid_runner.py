@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import structlog
 import torch
 import transformers
 
@@ -54,6 +55,24 @@ def _hf_greedy(hf: transformers.PreTrainedModel, prompt: list[int]) -> list[int]
 def test_logprobs_match_hf_over_chunked_prefill(checkpoint, runner: ModelRunner) -> None:
     assert runner.kv_spec.num_layers == 1   # the attention layer's KV only
     assert_logprobs_match_hf(checkpoint[1], runner)
+
+
+def test_start_up_logs_the_capacity_of_kv_and_state_slots(checkpoint) -> None:
+    """As vLLM's "Maximum concurrency for N tokens per request": here bounded by the 4 state
+    slots, not the attention KV's ~16 requests of 256 tokens."""
+    with structlog.testing.capture_logs() as logs:
+        runner = ModelRunner(RunnerConfig(model_dir=checkpoint[0], kv_cache_memory=2**20,
+                                          max_num_seqs=4, max_model_len=256,
+                                          num_state_checkpoints=2))
+    (sized,) = [entry for entry in logs if entry["event"] == "KV cache sized"]
+    assert runner.hybrid is not None
+    state_bytes = runner.hybrid.size.bytes_per_seq
+    assert state_bytes == 3 * 10_496   # 3 Mamba layers of the tiny model (fp32)
+    assert sized["kv_cache_tokens"] == 255 * 16   # 1 MiB of 256 B tokens, less the null block
+    assert sized["kv_max_concurrency"] == round(255 * 16 / 256, 2)
+    assert (sized["state_slots"], sized["state_checkpoints"]) == (4, 2)
+    assert sized["state_bytes_per_seq"] == state_bytes
+    assert sized["max_concurrency"] == 4
 
 
 def test_batched_chunked_greedy_equals_hf_generate(checkpoint, runner: ModelRunner) -> None:

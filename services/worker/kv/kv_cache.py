@@ -162,13 +162,38 @@ def explicit_accelerator_kv_budget(requested_bytes: int, available_bytes: int,
     return requested_bytes
 
 
-def log_kv_cache_size(spec: KVCacheSpec, num_blocks: int, max_model_len: int) -> None:
+@dataclass(frozen=True)
+class RecurrentStateSize:
+    """A hybrid's recurrent states beside its KV (runner/hybrid_states.py): a slot per running
+    sequence, and checkpoint slots that keep copies for prefix caching."""
+    num_slots: int
+    num_checkpoints: int
+    bytes_per_seq: int          # one sequence's state in every Mamba layer
+
+    @property
+    def num_bytes(self) -> int:
+        return (self.num_slots + self.num_checkpoints) * self.bytes_per_seq
+
+
+def log_kv_cache_size(spec: KVCacheSpec, num_blocks: int, max_model_len: int,
+                      states: RecurrentStateSize | None = None) -> None:
+    """vLLM's start-up line: the cache in tokens and the requests of max_model_len it holds at
+    once. A hybrid's running request also takes a state slot, so its concurrency is the smaller
+    of the two bounds, and the states' memory is said beside the KV's."""
     num_tokens = (num_blocks - NUM_NULL_BLOCKS) * spec.block_size
+    max_concurrency = num_tokens / max_model_len
+    hybrid = {}
+    if states is not None:
+        hybrid = dict(state_slots=states.num_slots, state_checkpoints=states.num_checkpoints,
+                      state_bytes_per_seq=states.bytes_per_seq,
+                      state_gib=round(states.num_bytes / 2**30, 3),
+                      kv_max_concurrency=round(max_concurrency, 2))
+        max_concurrency = min(max_concurrency, states.num_slots)
     log.info("KV cache sized", num_blocks=num_blocks, block_size=spec.block_size,
              kv_cache_tokens=num_tokens, bytes_per_token=spec.bytes_per_token,
              kv_cache_gib=round(num_blocks * spec.bytes_per_block / 2**30, 3),
              dtype=str(spec.dtype).removeprefix("torch."),
-             max_concurrency=round(num_tokens / max_model_len, 2), max_model_len=max_model_len)
+             max_concurrency=round(max_concurrency, 2), max_model_len=max_model_len, **hybrid)
 
 
 def available_cpu_memory() -> int:

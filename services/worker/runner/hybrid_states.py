@@ -20,20 +20,18 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-import structlog
 import torch
 
 from services.common import wire_pb
 from services.common.packing import unpack_int32
 from services.worker.models.hybrid_lm import HybridForCausalLM
+from services.worker.kv.kv_cache import RecurrentStateSize
 from services.worker.models.config import ModelConfig, UnsupportedModelError
 from services.worker.models.mamba2 import Mamba2State, StateBatch
 from services.worker.runner.config import RunnerConfig
 from services.worker.runner.input_batch import InputBatch, InputBatchError
 from services.worker.runner.step_batch import StepBatch
 from services.worker.runner.step_hooks import StepHooks
-
-log = structlog.get_logger(__name__)
 
 # NOTE: fp32 keeps a long decode's state from drifting (vLLM's mamba_ssm_cache_dtype).
 SSM_STATE_DTYPE = torch.float32
@@ -80,11 +78,10 @@ class HybridStates(StepHooks):
         # Per checkpoint: the tokens of the state it holds (-1: none, or a save that failed).
         self.num_checkpoint_tokens = np.full(num_checkpoints, -1, dtype=np.int64)
         self._bound: StepBatch | None = None   # the last forward pass's batch (its saves)
-        state_bytes = model.mamba_shape.state_bytes(model.dtype, SSM_STATE_DTYPE)
-        log.info("recurrent state slots allocated", slots=max_num_seqs,
-                 checkpoints=num_checkpoints, mamba_layers=len(self.states),
-                 bytes_per_seq=state_bytes * len(self.states),
-                 state_bytes=state_bytes * len(self.states) * (max_num_seqs + num_checkpoints))
+        # NOTE: logged with the KV cache's size (log_kv_cache_size), which it bounds too.
+        self.size = RecurrentStateSize(
+            max_num_seqs, num_checkpoints,
+            model.mamba_shape.state_bytes(model.dtype, SSM_STATE_DTYPE) * len(self.states))
 
     @property
     def model(self) -> HybridForCausalLM:

@@ -100,7 +100,8 @@ class ModelRunner:
             num_blocks = self._num_kv_blocks(memory_before_load)
             self.kv_caches = allocate_kv_caches(self.kv_spec, num_blocks, self.device)
             self.model.bind_kv_caches(self.kv_caches)
-        log_kv_cache_size(self.kv_spec, num_blocks, self.max_model_len)
+        log_kv_cache_size(self.kv_spec, num_blocks, self.max_model_len,
+                          None if self.hybrid is None else self.hybrid.size)
         self.max_num_blocks_per_req = math.ceil(self.max_model_len / config.block_size)
         self.structured_outputs = StructuredOutputs(
             lambda: load_tokenizer_info(config.model_dir, model_config.vocab_size,
