@@ -123,7 +123,8 @@ class StateBatch:
 
 
 class Mamba2Mixer:
-    """A Mamba2 mixer's weights (HF's `mamba.` names under `prefix`) and its forward pass."""
+    """A Mamba2 mixer's weights (under `prefix`: Bamba's `mamba.`, Nemotron-H's `mixer.`) and its
+    forward pass."""
 
     def __init__(self, shape: Mamba2Shape, weights: WeightSource, prefix: str, eps: float,
                  dt_limit: tuple[float, float]):
