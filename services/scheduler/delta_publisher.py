@@ -1,4 +1,5 @@
-"""Publishes each step's token deltas: one RequestDeltaBatch per tokenizer instance."""
+"""Publishes each step's token deltas: one RequestDeltaBatch per tokenizer instance, built in
+upb (wire_pb): betterproto took ~0.26 ms a step to build and serialize one of 32 rows."""
 
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ class _TokenizerBatch:
     finish_reasons: list[int] = field(default_factory=list)
     num_cached_tokens: list[int] = field(default_factory=list)
     output_positions: list[int] = field(default_factory=list)
-    finished: list[wire.FinishInfo] = field(default_factory=list)
-    logprobs: list[wire.RequestLogprobs] = field(default_factory=list)
+    finished: list[wire_pb.FinishInfo] = field(default_factory=list)
+    logprobs: list[wire_pb.RequestLogprobs] = field(default_factory=list)
 
     def add(self, request_id: str, token_ids: list[int], finish: int, num_cached: int,
             num_output_tokens: int) -> None:
@@ -98,19 +99,21 @@ class DeltaPublisher:
             batch.finished.append(info)
         await self._send(batches)
 
-    def _finish_info(self, out: EngineCoreOutput, reason: wire.FinishReason) -> wire.FinishInfo:
+    def _finish_info(self, out: EngineCoreOutput, reason: wire.FinishReason) -> wire_pb.FinishInfo:
         info = (request_timing(out.finished_request, self._engine_id)
-                if out.finished_request is not None else wire.FinishInfo(engine_id=self._engine_id))
+                if out.finished_request is not None
+                else wire_pb.FinishInfo(engine_id=self._engine_id))
         info.request_id = out.request_id
         info.finish_reason = reason
-        info.stop_token_id = out.stop_token_id
+        if out.stop_token_id is not None:
+            info.stop_token_id = out.stop_token_id
         return info
 
     async def _send(self, batches: Mapping[str, _TokenizerBatch]) -> None:
         self._step += 1
         for tokenizer_id, b in batches.items():
             await self._bus.publish(self._subjects.tokenizer_deltas(tokenizer_id),
-                                    wire.RequestDeltaBatch(
+                                    wire_pb.RequestDeltaBatch(
                                         engine_id=self._engine_id, step=self._step,
                                         request_ids=pack_strings(b.request_ids),
                                         num_new_tokens=pack_int32(b.num_new_tokens),
@@ -121,15 +124,15 @@ class DeltaPublisher:
                                         finished=b.finished, logprobs=b.logprobs))
 
 
-def request_timing(request: Request, engine_id: str) -> wire.FinishInfo:
+def request_timing(request: Request, engine_id: str) -> wire_pb.FinishInfo:
     """Token counts and where the request's time went inside the engine."""
-    info = wire.FinishInfo(num_prompt_tokens=request.num_prompt_tokens,
-                           num_cached_tokens=request.num_cached_tokens,
-                           num_output_tokens=request.num_output_tokens, engine_id=engine_id,
-                           num_preemptions=request.num_preemptions,
-                           error=request.error or "", error_code=request.error_code or "",
-                           num_draft_tokens=request.num_draft_tokens,
-                           num_accepted_tokens=request.num_accepted_tokens)
+    info = wire_pb.FinishInfo(num_prompt_tokens=request.num_prompt_tokens,
+                              num_cached_tokens=request.num_cached_tokens,
+                              num_output_tokens=request.num_output_tokens, engine_id=engine_id,
+                              num_preemptions=request.num_preemptions,
+                              error=request.error or "", error_code=request.error_code or "",
+                              num_draft_tokens=request.num_draft_tokens,
+                              num_accepted_tokens=request.num_accepted_tokens)
     scheduled, first, last = (request.first_scheduled_time, request.first_token_time,
                               request.last_token_time)
     if scheduled is not None:
@@ -142,14 +145,14 @@ def request_timing(request: Request, engine_id: str) -> wire.FinishInfo:
 
 
 def _logprob_entries(step_output: wire_pb.StepOutput, request_id_of_handle: Mapping[int, str]
-                     ) -> Iterable[tuple[str, wire.RequestLogprobs]]:
+                     ) -> Iterable[tuple[str, wire_pb.RequestLogprobs]]:
     """Splits the step's logprob columns into one entry per request."""
     for chunk in step_output.prompt_logprobs:
         request_id = request_id_of_handle.get(chunk.handle)
         if request_id is not None:
             c = chunk.columns
-            yield request_id, wire.RequestLogprobs(
-                request_id=request_id, is_prompt=True, columns=wire.LogprobColumns(
+            yield request_id, wire_pb.RequestLogprobs(
+                request_id=request_id, is_prompt=True, columns=wire_pb.LogprobColumns(
                     token_ids=c.token_ids, logprobs=c.logprobs, num_top=c.num_top,
                     top_token_ids=c.top_token_ids, top_logprobs=c.top_logprobs))
     if not step_output.logprob_handles:
@@ -164,6 +167,8 @@ def _logprob_entries(step_output: wire_pb.StepOutput, request_id_of_handle: Mapp
             continue
         one = slice(row * row_bytes, (row + 1) * row_bytes)
         tops = slice(row * top_bytes, (row + 1) * top_bytes)
-        yield request_id, wire.RequestLogprobs(request_id=request_id, columns=wire.LogprobColumns(
-            token_ids=columns.token_ids[one], logprobs=columns.logprobs[one], num_top=top,
-            top_token_ids=columns.top_token_ids[tops], top_logprobs=columns.top_logprobs[tops]))
+        yield request_id, wire_pb.RequestLogprobs(
+            request_id=request_id, columns=wire_pb.LogprobColumns(
+                token_ids=columns.token_ids[one], logprobs=columns.logprobs[one], num_top=top,
+                top_token_ids=columns.top_token_ids[tops],
+                top_logprobs=columns.top_logprobs[tops]))

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from tokenizers.decoders import DecodeStream
 
-from services.common import wire
+from services.common import wire, wire_pb
 from services.tokenizer.stop_strings import StopChecker
 from services.tokenizer.text_codec import TextCodec
 
@@ -87,11 +87,11 @@ class RequestDetokenizer:
         return self._stops.flush() if self._stops is not None else ""
 
     def finish_info(self, reason: wire.FinishReason, stop_reason: str = "",
-                    engine_info: wire.FinishInfo | None = None) -> wire.FinishInfo:
+                    engine_info: wire_pb.FinishInfo | None = None) -> wire_pb.FinishInfo:
         """The request's final record: the engine's (timings, stop token, error) when it
         ended there, with what only the tokenizer knows."""
-        info = engine_info or wire.FinishInfo(num_cached_tokens=self.num_cached_tokens,
-                                              engine_id=self.engine_id)
+        info = engine_info if engine_info is not None else wire_pb.FinishInfo(
+            num_cached_tokens=self.num_cached_tokens, engine_id=self.engine_id)
         info.request_id = self.request_id
         info.finish_reason = reason
         info.stop_reason = stop_reason

@@ -14,7 +14,7 @@ from typing import Any
 import betterproto
 from nats.aio.subscription import Subscription
 
-from services.common import wire
+from services.common import wire, wire_pb
 from services.common.grammar.grammar_cache import tokenizer_info
 from services.common.logs import request_log_context
 from services.common.metrics import TokenizerMetrics
@@ -80,7 +80,7 @@ class TokenizerService(Service):
             await bus.serve(self.subjects.tokenizer_detokenize, wire.DetokenizeRequest,
                             self.on_detokenize, queue=TOKENIZER_QUEUE)]
         await bus.subscribe(self.subjects.tokenizer_deltas(self.instance_id),
-                            wire.RequestDeltaBatch, self.on_deltas)
+                            wire_pb.RequestDeltaBatch, self.on_deltas)
         await bus.subscribe(self.subjects.tokenizer_release(self.instance_id),
                             wire.ReleaseRequest, self.on_release)
         await bus.subscribe(self.subjects.heartbeat, wire.Heartbeat, self.on_heartbeat)
@@ -198,12 +198,12 @@ class TokenizerService(Service):
 
     # ---- detokenizing (one batch per engine step)
 
-    async def on_deltas(self, batch: wire.RequestDeltaBatch) -> None:
+    async def on_deltas(self, batch: wire_pb.RequestDeltaBatch) -> None:
         started = time.perf_counter()
         await self._detokenize(batch)
         self.metrics.delta_batch_time.observe(time.perf_counter() - started)
 
-    async def _detokenize(self, batch: wire.RequestDeltaBatch) -> None:
+    async def _detokenize(self, batch: wire_pb.RequestDeltaBatch) -> None:
         assert self.codec is not None
         request_ids = unpack_strings(batch.request_ids)
         counts = unpack_int32(batch.num_new_tokens).tolist()
@@ -243,7 +243,7 @@ class TokenizerService(Service):
                 orphans.append(request_id)
                 continue
             text, consumed, stop = state.process(self.codec, new_tokens)
-            finish: wire.FinishInfo | None = None
+            finish: wire_pb.FinishInfo | None = None
             if stop is not None:
                 finish = state.finish_info(FinishReason.STOP, stop_reason=stop,
                                            engine_info=finished.get(request_id))
@@ -266,7 +266,8 @@ class TokenizerService(Service):
         for gateway_id, text_batch in outputs.take().items():
             await self.connected_bus.publish(self.subjects.gateway_outputs(gateway_id), text_batch)
 
-    def _name_tokens(self, entry: wire.RequestLogprobs, max_rows: int) -> wire.TokenLogprobs:
+    def _name_tokens(self, entry: wire_pb.RequestLogprobs, max_rows: int
+                     ) -> wire_pb.TokenLogprobs:
         """Adds the token strings the OpenAI API returns beside each logprob."""
         assert self.codec is not None
         columns = entry.columns
@@ -275,7 +276,7 @@ class TokenizerService(Service):
             columns = trim_rows(columns, max_rows)
             token_ids = token_ids[:max_rows]
         top_ids = unpack_int32(columns.top_token_ids).tolist()
-        return wire.TokenLogprobs(
+        return wire_pb.TokenLogprobs(
             request_id=entry.request_id, is_prompt=entry.is_prompt, columns=columns,
             token_strings=pack_strings(self.codec.token_strings(token_ids.tolist())),
             top_token_strings=pack_strings(self.codec.token_strings(top_ids)))
@@ -336,9 +337,9 @@ def engine_grammar(grammar: wire.GrammarSpec, codec: TextCodec) -> wire.GrammarS
     return grammar
 
 
-def trim_rows(columns: wire.LogprobColumns, rows: int) -> wire.LogprobColumns:
+def trim_rows(columns: wire_pb.LogprobColumns, rows: int) -> wire_pb.LogprobColumns:
     top = columns.num_top
-    return wire.LogprobColumns(
+    return wire_pb.LogprobColumns(
         token_ids=columns.token_ids[:4 * rows], logprobs=columns.logprobs[:4 * rows],
         num_top=top, top_token_ids=columns.top_token_ids[:4 * rows * top],
         top_logprobs=columns.top_logprobs[:4 * rows * top])

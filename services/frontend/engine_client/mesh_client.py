@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 import structlog
 
-from services.common import wire
+from services.common import wire, wire_pb
 from services.common.bus import Bus, BusError, NoResponders, RequestTimeout
 from services.common.metrics import GatewayMetrics
 from services.common.packing import unpack_int32, unpack_strings, unpack_uint8
@@ -75,7 +75,7 @@ class MeshClient:
 
     async def start(self, tasks: BackgroundTasks) -> None:
         await self._bus.subscribe(self._subjects.gateway_outputs(self.gateway_id),
-                                  wire.TextOutputBatch, self._on_outputs)
+                                  wire_pb.TextOutputBatch, self._on_outputs)
         await self._bus.subscribe(self._subjects.heartbeat, wire.Heartbeat, self._on_heartbeat)
         tasks.spawn(self._watch_own_connection(), name="watch own NATS connection")
 
@@ -326,7 +326,10 @@ class MeshClient:
 
     # ---- outputs from tokenizers
 
-    async def _on_outputs(self, batch: wire.TextOutputBatch) -> None:
+    async def _on_outputs(self, batch: wire_pb.TextOutputBatch) -> None:
+        """One step's text for this gateway's requests. Parsed in upb (betterproto took ~0.2 ms
+        a step at 32 rows); a finish record or logprobs, rare, become betterproto's here, the
+        type the rest of the gateway reads."""
         request_ids = unpack_strings(batch.request_ids)
         texts = unpack_strings(batch.texts)
         counts = unpack_int32(batch.num_new_tokens).tolist()
@@ -336,10 +339,12 @@ class MeshClient:
         offsets = [0] * len(counts)
         for i in range(1, len(counts)):
             offsets[i] = offsets[i - 1] + counts[i - 1]
-        finished = {info.request_id: info for info in batch.finished}
+        finished = {info.request_id: wire.FinishInfo().parse(info.SerializeToString())
+                    for info in batch.finished}
         logprobs: dict[str, list[wire.TokenLogprobs]] = defaultdict(list)
         for entry in batch.logprobs:
-            logprobs[entry.request_id].append(entry)
+            logprobs[entry.request_id].append(wire.TokenLogprobs().parse(
+                entry.SerializeToString()))
         for i, request_id in enumerate(request_ids):
             generation = self._generations.get(request_id)
             if generation is None:
