@@ -11,7 +11,8 @@ Each --bench runs in turn against each configuration's mesh. Prints the bench re
 step messaging of each bench (the worker call's time beyond the worker's own: the step
 transport, local channel or NATS, and serialization; from the schedulers' metrics), its
 speculative decoding's acceptance length where drafts were verified, and the
-CPU seconds each process spent during each bench, and writes JSON results and every
+CPU seconds each process spent during each bench, in all and per 1,000 generated tokens (the
+services' per-token work: on two cores, time the worker's threads do not get), and writes JSON results and every
 service's /metrics under --out.
 """
 
@@ -23,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.cpu_accounting import cpu_use
+from benchmarks.cpu_accounting import CpuUse, cpu_use
 from benchmarks.harness import (
     REPO_ROOT,
     RunningMesh,
@@ -116,6 +117,15 @@ def step_overhead(during: StepTotals) -> str:
     return report
 
 
+def cpu_per_kilotoken(use: CpuUse, num_tokens: int) -> str:
+    """Each process's CPU seconds per 1,000 of the bench's generated tokens."""
+    if not num_tokens:
+        return "no tokens"
+    return "CPU seconds per 1,000 tokens: " + ", ".join(
+        f"{label} {1e3 * seconds / num_tokens:.3f}"
+        for label, seconds in sorted(use.by_process.items(), key=lambda kv: -kv[1]))
+
+
 def run_config(label: str, up_args: Sequence[str], benches: Sequence[Sequence[str]],
                out_dir: Path) -> list[BenchmarkMetrics]:
     """One mesh with `up_args`, every bench against it in turn; their metrics (results
@@ -129,6 +139,8 @@ def run_config(label: str, up_args: Sequence[str], benches: Sequence[Sequence[st
                 results.append(bench_serve(mesh.url, out_dir / f"{label}.{index}.json",
                                            bench_args))
             print(f"{label} bench {index}: {use.report()}", flush=True)
+            print(f"{label} bench {index}: "
+                  f"{cpu_per_kilotoken(use, results[-1].total_output_tokens)}", flush=True)
             during = step_totals(mesh) - before
             print(f"{label} bench {index} steps: {step_overhead(during)}{acceptance(during)}",
                   flush=True)
