@@ -89,6 +89,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--num-speculative-tokens", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="times each prompt group is served per method; the fastest counts")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     from benchmarks.harness import print_preamble
@@ -112,7 +114,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                "ngram": SpeculativeConfig("ngram", 3, prompt_lookup_min=2, prompt_lookup_max=4),
                "suffix": SpeculativeConfig("suffix", 4),
                "mtp": SpeculativeConfig("mtp", args.num_speculative_tokens)}
-    compare(args.out, methods, prompts, args.compare_prompts, args.max_new_tokens, args.seed)
+    compare(args.out, methods, prompts, args.compare_prompts, args.max_new_tokens, args.seed,
+            args.repeats)
 
 
 if __name__ == "__main__":
