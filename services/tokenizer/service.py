@@ -207,7 +207,7 @@ class TokenizerService(Service):
         assert self.codec is not None
         request_ids = unpack_strings(batch.request_ids)
         counts = unpack_int32(batch.num_new_tokens).tolist()
-        tokens = unpack_int32(batch.new_token_ids)
+        tokens = unpack_int32(batch.new_token_ids).tolist()   # a list: rows are sliced one by one
         reasons = unpack_uint8(batch.finish_reasons).tolist()
         cached = unpack_int32(batch.num_cached_tokens).tolist()
         positions = unpack_int32(batch.output_positions).tolist()
@@ -255,7 +255,7 @@ class TokenizerService(Service):
                                            engine_info=finished.get(request_id))
             for entry in logprobs.get(request_id, ()):
                 outputs.add_logprobs(state.gateway_id, self._name_tokens(entry, consumed))
-            outputs.add(state.gateway_id, request_id, text, new_tokens[:consumed].tolist(),
+            outputs.add(state.gateway_id, request_id, text, new_tokens[:consumed],
                         finish, position)
             if finish is not None:
                 del self.states[request_id]
