@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import structlog
+from prometheus_client import Histogram
 
 from services.common import wire
 from services.common.metrics import GatewayMetrics
@@ -29,6 +30,8 @@ class RequestTimer:
         self._route: dict[str, object] = {}   # why the router chose the engine, for the log
         self._first_output: dict[int, float] = {}  # choice index -> time of its first output
         self._last_output: dict[int, float] = {}   # choice index -> time of its last output
+        # engine id -> its inter-token latency series: looked up once, not on every token
+        self._inter_token_latency: dict[str, Histogram] = {}
 
     def tokenized(self, seconds: float) -> None:
         self.tokenize_s = seconds
@@ -51,8 +54,11 @@ class RequestTimer:
             self._metrics.time_to_first_token.labels(self._model, engine_id).observe(
                 now - self.arrived)
         else:
-            self._metrics.inter_token_latency.labels(self._model, engine_id).observe(
-                now - previous)
+            series = self._inter_token_latency.get(engine_id)
+            if series is None:
+                series = self._metrics.inter_token_latency.labels(self._model, engine_id)
+                self._inter_token_latency[engine_id] = series
+            series.observe(now - previous)
         self._last_output[index] = now
 
     def on_aborted(self, index: int, request_id: str, num_output_tokens: int,
