@@ -102,3 +102,22 @@ def test_checkpoints_stay_bounded_and_reset_with_the_prefix_cache() -> None:
     scheduler.add_request(make_request("again", prompt(9, seed=4), max_tokens=2))
     out = step(scheduler, worker, run)
     assert out.new_requests[0].num_computed_tokens == 0
+
+
+def test_drafts_stop_short_of_each_block_boundary() -> None:
+    """A decode's drafts end before the next block boundary, and the step whose own token
+    ends at it has none: a checkpoint is saved only from a step without drafts, so it never
+    holds a rejected draft nor misses one it was named for."""
+    scheduler, _ = make_hybrid(num_speculative_tokens=3)
+    manager = scheduler.kv_cache_manager
+    assert isinstance(manager, HybridKVCacheManager)
+    request = make_request("r", prompt(6))
+    for num_computed in range(5, 30):
+        request.num_computed_tokens = num_computed
+        num_drafts = manager.trim_drafts(request, 3)
+        end = num_computed + 1 + num_drafts          # the step's tokens end here
+        if (num_computed + 1) % 4 == 0:
+            assert num_drafts == 0                   # its own token ends the block: a save
+        else:
+            assert end % 4 != 0 and (end - 1) // 4 == num_computed // 4
+            assert num_drafts == min(3, 3 - (num_computed + 1) % 4)   # no shorter than that

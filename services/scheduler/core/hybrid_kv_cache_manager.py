@@ -62,6 +62,15 @@ class HybridKVCacheManager(KVCacheManager):
             return boundary - num_computed_tokens
         return num_new_tokens
 
+    def trim_drafts(self, request: Request, num_drafts: int) -> int:
+        """Keeps a decode's drafts short of the next block boundary, and drops them in the
+        step whose own token ends there: a step with drafts never ends at a boundary, so a
+        checkpoint is saved only from a step without drafts, whose state holds exactly the
+        boundary's tokens (rejected drafts would leave it short of them)."""
+        next_token = request.num_computed_tokens + 1
+        boundary = -(-next_token // self.block_size) * self.block_size
+        return max(0, min(num_drafts, boundary - 1 - next_token))
+
     def plan_state_checkpoints(self, new_reqs: dict[Request, int],
                                running_reqs: dict[Request, int]) -> StateCheckpointOps:
         """The step's restores (new requests with a prefix hit) and saves (rows whose

@@ -167,6 +167,12 @@ class KVCacheManager:
         hybrid engine ends chunks where it keeps a state (hybrid_kv_cache_manager.py)."""
         return num_new_tokens
 
+    def trim_drafts(self, request: Request, num_drafts: int) -> int:
+        """How many of `num_drafts` drafts a decode of `request` verifies: all of them here;
+        a hybrid engine keeps its checkpoint saves out of steps with drafts
+        (hybrid_kv_cache_manager.py)."""
+        return num_drafts
+
     def plan_state_checkpoints(self, new_reqs: dict[Request, int],
                                running_reqs: dict[Request, int]) -> StateCheckpointOps | None:
         """A hybrid engine's state copies for a step (hybrid_kv_cache_manager.py); None."""

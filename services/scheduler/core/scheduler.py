@@ -183,9 +183,10 @@ class Scheduler:
                 continue
             if plan.token_budget == 0:
                 return
-            self._schedule_running_request(plan, request, 1 + num_drafts_to_schedule(
-                request, plan.token_budget, self.max_model_len,
-                self.config.num_speculative_tokens))
+            num_drafts = num_drafts_to_schedule(request, plan.token_budget, self.max_model_len,
+                                                self.config.num_speculative_tokens)
+            self._schedule_running_request(
+                plan, request, 1 + self.kv_cache_manager.trim_drafts(request, num_drafts))
         self._cap_prefill_beside_decodes(plan)
         threshold = self.long_prefill_token_threshold
         for request in prefills:
