@@ -18,7 +18,6 @@ import transformers
 
 from services.common import wire_pb
 from services.common.packing import pack_int32, unpack_int32
-from services.common.speculative_config import SpeculativeConfig
 from services.worker.models.config import UnsupportedModelError
 from services.worker.runner.config import RunnerConfig
 from services.worker.runner.model_runner import ModelRunner
@@ -185,9 +184,8 @@ def test_a_restore_from_a_checkpoint_of_another_length_is_refused(runner: ModelR
 
 
 @pytest.mark.parametrize("refused", [
-    dict(speculative_config=SpeculativeConfig("ngram", num_speculative_tokens=3)),
     dict(enable_lora=True), dict(tensor_parallel_size=2), dict(quantization="int8")],
-    ids=["speculative", "lora", "tensor_parallel", "int8"])
+    ids=["lora", "tensor_parallel", "int8"])
 def test_what_v0_cannot_run_is_refused_at_start(checkpoint, refused: dict) -> None:
     with pytest.raises(UnsupportedModelError, match="hybrid"):
         ModelRunner(RunnerConfig(model_dir=checkpoint[0], kv_cache_memory=2**20,

@@ -12,7 +12,10 @@ Per token: in_proj -> [gate | x B C | dt]; x B C through the causal conv + SiLU;
 (mamba2_ops.py) over x with dt, A, B, C, D; RMSNorm of y * silu(gate) per group; out_proj.
 Decodes (one token continuing a state) are batched: one conv update and one
 selective_state_update for all of them (the Triton kernel on CUDA, its torch reference
-elsewhere); prefills scan sequence by sequence.
+elsewhere); prefills scan sequence by sequence. Sequences verifying drafts (speculative
+decoding) take that decode step once per token, batched over them, keeping the state after
+each token (Mamba2State.token_states), so the worker can roll a slot back to the accepted
+tokens (runner/hybrid_states.py).
 """
 
 from __future__ import annotations
@@ -70,11 +73,23 @@ class Mamba2Shape:
 
 
 @dataclass
+class TokenStates:
+    """The states of a pass's verifying sequences after each of their tokens: conv_states
+    [N, L, conv_dim, K-1], ssm_states [N, L, heads, head_dim, state_size], sequence i in the
+    order of StateBatch.verify_seqs, L the longest one's tokens (a shorter one's entries past
+    its last token are unset)."""
+    conv_states: torch.Tensor
+    ssm_states: torch.Tensor
+
+
+@dataclass
 class Mamba2State:
     """One layer's states for num_slots sequences: conv_states [slots, conv_dim, K-1] and
     ssm_states [slots, heads, head_dim, state_size]."""
     conv_states: torch.Tensor
     ssm_states: torch.Tensor
+    token_states: TokenStates | None = None
+    """Set by a forward pass with verifying sequences: the worker reads it, then drops it."""
 
     @classmethod
     def allocate(cls, shape: Mamba2Shape, num_slots: int, dtype: torch.dtype,
@@ -89,10 +104,13 @@ class Mamba2State:
 class StateBatch:
     """A flattened varlen batch: sequence i owns rows query_start_loc[i]:query_start_loc[i+1],
     continues the state in slot state_indices[i], which has seen num_computed_tokens[i] of its
-    tokens (0: a new sequence, whose state starts at zero whatever its slot holds)."""
+    tokens (0: a new sequence, whose state starts at zero whatever its slot holds).
+    verify_seqs: sequences whose query holds drafts to verify (they continue a state): their
+    state after each token is kept, for the rollback past rejected drafts."""
     state_indices: tuple[int, ...]
     query_start_loc: tuple[int, ...]
     num_computed_tokens: tuple[int, ...]
+    verify_seqs: tuple[int, ...] = ()
 
     @classmethod
     def from_query_lens(cls, state_indices: list[int], query_lens: list[int],
@@ -118,8 +136,8 @@ class StateBatch:
 
     @cached_property
     def prefill_seqs(self) -> tuple[int, ...]:
-        decodes = set(self.decode_seqs)
-        return tuple(i for i in range(self.num_seqs) if i not in decodes)
+        others = {*self.decode_seqs, *self.verify_seqs}
+        return tuple(i for i in range(self.num_seqs) if i not in others)
 
 
 class Mamba2Mixer:
@@ -160,8 +178,13 @@ class Mamba2Mixer:
             [s.intermediate_size, s.conv_dim, s.num_heads], dim=-1)
         y = torch.empty(hidden.shape[0], s.num_heads, s.head_dim, dtype=torch.float32,
                         device=hidden.device)
+        state.token_states = None
         if batch.decode_seqs:
-            self._decode(xbc, dt, batch, state, y)
+            seqs = batch.decode_seqs
+            self._decode(xbc, dt, [batch.query_start_loc[i] for i in seqs],
+                         [batch.state_indices[i] for i in seqs], state, y)
+        if batch.verify_seqs:
+            self._verify(xbc, dt, batch, state, y)
         for seq in batch.prefill_seqs:
             self._prefill(xbc, dt, batch, seq, state, y)
         normed = gated_rms_norm(y.view(hidden.shape[0], -1), gate, self.norm_weight,
@@ -177,12 +200,13 @@ class Mamba2Mixer:
         return (x.reshape(n, s.num_heads, s.head_dim), B.reshape(n, s.num_groups, s.state_size),
                 C.reshape(n, s.num_groups, s.state_size))
 
-    def _decode(self, xbc: torch.Tensor, dt: torch.Tensor, batch: StateBatch,
-                state: Mamba2State, y: torch.Tensor) -> None:
-        rows = torch.tensor([batch.query_start_loc[i] for i in batch.decode_seqs],
-                            device=xbc.device)
-        slots = torch.tensor([batch.state_indices[i] for i in batch.decode_seqs],
-                             dtype=torch.int32, device=xbc.device)   # the kernel's index type
+    def _decode(self, xbc: torch.Tensor, dt: torch.Tensor, token_rows: list[int],
+                state_slots: list[int], state: Mamba2State, y: torch.Tensor) -> None:
+        """One token per sequence (at `token_rows` of the batch) continuing its state in
+        `state_slots` of `state`."""
+        rows = torch.tensor(token_rows, device=xbc.device)
+        slots = torch.tensor(state_slots, dtype=torch.int32,
+                             device=xbc.device)   # the kernel's index type
         slot_rows = slots.long()
         conv_out, conv_states = causal_conv1d_update(
             xbc[rows], state.conv_states[slot_rows], self.conv_weight, self.conv_bias)
@@ -190,6 +214,29 @@ class Mamba2Mixer:
         x, B, C = self._split_xbc(conv_out)
         y[rows] = self.state_update(state.ssm_states, slots, x, dt[rows].contiguous(),
                                     self.dt_bias, self.A, B, C, self.D, self.dt_limit).float()
+
+    def _verify(self, xbc: torch.Tensor, dt: torch.Tensor, batch: StateBatch,
+                state: Mamba2State, y: torch.Tensor) -> None:
+        """The verifying sequences' few tokens through the decode step one position at a
+        time (the arithmetic of decoding them one by one), on copies of their states, keeping
+        the copy after each position in `state.token_states`; their slots end as after their
+        last token."""
+        seqs = batch.verify_seqs
+        slots = torch.tensor([batch.state_indices[i] for i in seqs], device=xbc.device)
+        work = Mamba2State(state.conv_states[slots], state.ssm_states[slots])
+        lens = [batch.query_start_loc[i + 1] - batch.query_start_loc[i] for i in seqs]
+        kept = TokenStates(
+            work.conv_states.new_empty(len(seqs), max(lens), *work.conv_states.shape[1:]),
+            work.ssm_states.new_empty(len(seqs), max(lens), *work.ssm_states.shape[1:]))
+        for position in range(max(lens)):
+            active = [i for i, num_tokens in enumerate(lens) if num_tokens > position]
+            self._decode(xbc, dt, [batch.query_start_loc[seqs[i]] + position for i in active],
+                         active, work, y)
+            kept.conv_states[:, position] = work.conv_states
+            kept.ssm_states[:, position] = work.ssm_states
+        state.conv_states[slots] = work.conv_states
+        state.ssm_states[slots] = work.ssm_states
+        state.token_states = kept
 
     def _prefill(self, xbc: torch.Tensor, dt: torch.Tensor, batch: StateBatch, seq: int,
                  state: Mamba2State, y: torch.Tensor) -> None:

@@ -9,10 +9,12 @@ it (a prefill chunk, a decode). A state holds no history, so a row may only cont
 exactly the tokens its state took. A new request with a prefix-cache hit first gets its state
 copied from the checkpoint the scheduler names (hybrid_kv_cache_manager.py), which must hold
 exactly that many tokens; a step's saves copy rows into checkpoints after its forward pass.
-Anything else (a hit without its checkpoint, rejected drafts, a position recomputed) is refused
-with an error, never computed from the wrong state. What would ask for that is refused at
-start-up (check_hybrid_config), and grammar rows wait for their compile here instead of being
-deferred.
+A row verifying drafts (n-gram or suffix speculation) keeps its state after each of its step's
+tokens (mamba2.py: TokenStates); once the verifier has counted the accepted drafts, the row's
+slot takes the state after its last accepted token (vLLM's way for Mamba layers: no second
+pass). Anything else (a hit without its checkpoint, a position recomputed) is refused with an
+error, never computed from the wrong state. What would ask for that is refused at start-up
+(check_hybrid_config), and grammar rows wait for their compile here instead of being deferred.
 """
 
 from __future__ import annotations
@@ -35,14 +37,19 @@ from services.worker.runner.step_hooks import StepHooks
 
 # NOTE: fp32 keeps a long decode's state from drifting (vLLM's mamba_ssm_cache_dtype).
 SSM_STATE_DTYPE = torch.float32
+# Proposers that draft from the request's tokens alone; a drafter with layers of its own (a
+# draft model, EAGLE-3, MTP) would need its own recurrent state and rollback.
+MODEL_FREE_PROPOSERS = ("ngram", "suffix")
 
 
 def check_hybrid_config(config: RunnerConfig, model_config: ModelConfig) -> None:
     """Refuses what a hybrid engine cannot do yet: each needs a state it does not keep."""
     if not model_config.is_hybrid:
         return
-    refused = {"--speculative-config (rejected drafts would stay in the state)":
-               config.speculative_config is not None,
+    spec = config.speculative_config
+    refused = {f"--speculative-config method {spec.method if spec else ''!r} (only "
+               f"{' and '.join(MODEL_FREE_PROPOSERS)} drafts are verified on a hybrid)":
+               spec is not None and spec.method not in MODEL_FREE_PROPOSERS,
                "--enable-lora": config.enable_lora,
                "--tensor-parallel-size > 1": config.tensor_parallel_size > 1,
                "--quantization int8": config.quantization != "none",
@@ -78,6 +85,7 @@ class HybridStates(StepHooks):
         # Per checkpoint: the tokens of the state it holds (-1: none, or a save that failed).
         self.num_checkpoint_tokens = np.full(num_checkpoints, -1, dtype=np.int64)
         self._bound: StepBatch | None = None   # the last forward pass's batch (its saves)
+        self._verify_seqs = np.zeros(0, dtype=np.int64)   # its rows verifying drafts
         # NOTE: logged with the KV cache's size (log_kv_cache_size), which it bounds too.
         self.size = RecurrentStateSize(
             max_num_seqs, num_checkpoints,
@@ -105,6 +113,25 @@ class HybridStates(StepHooks):
                 f"{int(self.num_checkpoint_tokens[slots[i]])} tokens")
         copy_states(self.checkpoints, slots, self.states, rows)
         self.num_state_tokens[rows] = num_tokens
+
+    def after_sampling(self, input_batch: InputBatch, handles: np.ndarray, rows: np.ndarray,
+                       out: wire_pb.StepOutput) -> None:
+        """Rolls each verifying row's slot back to the state after its last accepted token
+        (the verifier has moved its computed tokens back over the rejected drafts)."""
+        batch, seqs = self._bound, self._verify_seqs
+        if batch is None or not len(seqs):
+            return
+        verify_rows = batch.rows[seqs]
+        num_computed = input_batch.num_computed_tokens[verify_rows].astype(np.int64)
+        rolled = np.flatnonzero(num_computed < self.num_state_tokens[verify_rows])
+        if len(rolled):
+            query_lens = np.diff(batch.attn.query_start_loc_cpu)[seqs[rolled]]
+            # The state after the query's (kept)-th token is entry kept - 1.
+            positions = num_computed[rolled] - (batch.seq_lens[seqs[rolled]] - query_lens) - 1
+            copy_token_states(self.states, rolled, positions, verify_rows[rolled])
+            self.num_state_tokens[verify_rows[rolled]] = num_computed[rolled]
+        for state in self.states:
+            state.token_states = None   # NOTE: (1 + drafts) states per row: not kept past here
 
     def before_forward(self, step: wire_pb.StepInput) -> None:
         # NOTE: a save that never runs (the step fails) must not leave an older state named.
@@ -147,9 +174,24 @@ class HybridStates(StepHooks):
                 f"(no state is kept for other positions)")
         self.num_state_tokens[batch.rows] = batch.seq_lens
         self._bound = batch
+        self._verify_seqs = batch.sampling_index[batch.num_draft_tokens > 0].astype(np.int64)
         self.model.set_step_states(self.states, StateBatch(
             tuple(batch.rows.tolist()), tuple(batch.attn.query_start_loc_cpu.tolist()),
-            tuple(num_computed.tolist())))
+            tuple(num_computed.tolist()), tuple(self._verify_seqs.tolist())))
+
+
+def copy_token_states(states: list[Mamba2State], seqs: np.ndarray, positions: np.ndarray,
+                      dst_slots: np.ndarray) -> None:
+    """Every Mamba layer's state after token `positions[i]` of verifying sequence `seqs[i]`
+    (indices into the pass's TokenStates) into its slot `dst_slots[i]`."""
+    device = states[0].conv_states.device if states else None
+    seq_index, position_index, dst_index = (torch.from_numpy(a).to(device)
+                                            for a in (seqs, positions, dst_slots))
+    for state in states:
+        kept = state.token_states
+        assert kept is not None, "the forward pass kept no per-token states"
+        state.conv_states[dst_index] = kept.conv_states[seq_index, position_index]
+        state.ssm_states[dst_index] = kept.ssm_states[seq_index, position_index]
 
 
 def copy_states(src: list[Mamba2State], src_slots: np.ndarray, dst: list[Mamba2State],
