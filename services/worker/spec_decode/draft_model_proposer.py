@@ -17,8 +17,8 @@ weights are not in the profiled peak either (they load after it).
 
 NOTE (cost): k forward passes of the draft per step (the first carries the catch-up), each
 ending in a host sync for the argmax, since the next pass reads its tokens from numpy. No
-CUDA graphs yet; an EAGLE-3 head (eagle3_proposer.py) drafts from the target's hidden
-states with one layer instead of a whole model.
+CUDA graphs yet; an EAGLE-3 head or MTP layer (eagle_proposer.py) drafts from the target's
+hidden states with one layer instead of a whole model.
 """
 
 from __future__ import annotations
