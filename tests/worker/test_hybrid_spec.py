@@ -3,7 +3,10 @@ Mamba2 layers keep a verifying row's state after each of its tokens, and the row
 rolled back to the state after its last accepted token. Greedy output with n-gram and suffix
 drafts equals the output without speculation, on prompts where drafts are both accepted and
 rejected; the state kept after j of a verify step's tokens equals the state of running exactly
-those j tokens; a drafter with layers of its own is refused at start."""
+those j tokens; the real scheduler (its prefix caching with state checkpoints and its draft
+trimming) driving the runner gives the same two chat turns with and without drafts, the second
+restored from a decode checkpoint the first saved; a drafter with layers of its own is refused
+at start."""
 
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ import torch
 
 from services.common import wire_pb
 from services.common.packing import pack_float32, pack_int32
+from services.scheduler.core import RunnerOutput, SchedulerOutput
+from services.scheduler.step_codec import decode_step_output, encode_step_input
 from services.common.speculative_config import SpeculativeConfig
 from services.worker.models.config import UnsupportedModelError
 from services.worker.models.hybrid_lm import HybridForCausalLM
@@ -22,6 +27,7 @@ from services.worker.models.mamba2 import Mamba2State, StateBatch
 from services.worker.runner.config import RunnerConfig
 from services.worker.runner.hybrid_states import copy_token_states
 from services.worker.runner.model_runner import ModelRunner
+from tests.scheduler.fakes import Run, make_request, make_scheduler, run_until_done
 from tests.worker.driver import StepDriver
 from tests.worker.tiny_hybrids import HYBRID_FAMILIES
 
@@ -77,6 +83,47 @@ def test_greedy_output_with_drafts_equals_output_without(model_dir: Path, method
     # Both sides of the rollback ran: drafts kept, and drafts the state had to forget.
     assert 0 < accepted < verified, (accepted, verified)
     assert speculative == plain
+
+
+class _RunnerWorker:
+    """The runner behind the scheduler fakes' worker interface, through the wire codec."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+
+    def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        step = self.runner.execute(encode_step_input(out))
+        assert not step.error, step.error
+        return decode_step_output(step)
+
+
+def _two_turns(model_dir: Path, speculative: SpeculativeConfig | None) -> tuple[Run, int, int]:
+    """A first turn, then a second that extends it: (the run, drafts verified, accepted)."""
+    runner = _runner(model_dir, speculative)
+    scheduler, _ = make_scheduler(
+        runner.info.num_blocks, block_size=runner.info.block_size, num_state_checkpoints=4,
+        num_speculative_tokens=speculative.num_speculative_tokens if speculative else 0)
+    worker, run = _RunnerWorker(runner), Run()
+    first, sampling = _requests()[0]
+    scheduler.add_request(make_request("turn1", first, max_tokens=40, sampling=sampling))
+    run_until_done(scheduler, worker, run)    # type: ignore[arg-type]
+    second = first + run.outputs["turn1"] + [7, 8, 9]
+    scheduler.add_request(make_request("turn2", second, max_tokens=20, sampling=sampling))
+    run_until_done(scheduler, worker, run)    # type: ignore[arg-type]
+    stats = scheduler.spec_decoding_stats
+    return run, (stats.num_draft_tokens if stats else 0), (stats.num_accepted_tokens
+                                                           if stats else 0)
+
+
+def test_the_engine_core_with_drafts_equals_it_without_across_a_checkpoint(model_dir: Path
+                                                                           ) -> None:
+    """Checkpoints saved at decode boundaries while drafts are verified hold exactly their
+    boundary's tokens: the second turn restores one (59 computed tokens: the one at 48)."""
+    plain, _, _ = _two_turns(model_dir, None)
+    speculative, verified, accepted = _two_turns(model_dir, SPECULATIVE["ngram"])
+    assert 0 < accepted < verified, (accepted, verified)
+    assert speculative.outputs == plain.outputs
+    assert speculative.finished["turn2"].num_cached_tokens == 48
 
 
 def test_the_state_after_j_verified_tokens_is_the_state_of_running_them(model_dir: Path
