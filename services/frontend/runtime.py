@@ -77,10 +77,14 @@ class FrontendRuntime:
         self.events = events
 
     async def _on_heartbeat(self, beat: wire.Heartbeat) -> None:
+        # NOTE: the mesh client's too: one subscription parses each beat once (betterproto:
+        # ~0.15 ms a beat, ~0.75 with a scheduler's engine info, ~7 beats a second).
         if self.view.on_heartbeat(beat):
             self.metrics.instances_started.labels(beat.service).inc()
         if beat.service == "scheduler":
             self.router.on_engine_heartbeat(beat.engine_id, beat.time)
+        assert self.client is not None   # subscribed in start(), after the client
+        await self.client.on_heartbeat(beat)
 
     async def _sweep_loop(self, client: MeshClient) -> None:
         while True:

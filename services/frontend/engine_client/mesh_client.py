@@ -76,7 +76,6 @@ class MeshClient:
     async def start(self, tasks: BackgroundTasks) -> None:
         await self._bus.subscribe(self._subjects.gateway_outputs(self.gateway_id),
                                   wire_pb.TextOutputBatch, self._on_outputs)
-        await self._bus.subscribe(self._subjects.heartbeat, wire.Heartbeat, self._on_heartbeat)
         tasks.spawn(self._watch_own_connection(), name="watch own NATS connection")
 
     @property
@@ -276,9 +275,10 @@ class MeshClient:
             moved += 1
         return moved
 
-    async def _on_heartbeat(self, beat: wire.Heartbeat) -> None:
-        """An instance that reconnected to NATS may have lost messages of the generations
-        placed on it before: move them (they continue from what this gateway received)."""
+    async def on_heartbeat(self, beat: wire.Heartbeat) -> None:
+        """Each heartbeat (the runtime subscribes for both). An instance that reconnected to
+        NATS may have lost messages of the generations placed on it before: move them (they
+        continue from what this gateway received)."""
         previous = self._reconnects.get(beat.instance_id)
         self._reconnects[beat.instance_id] = beat.reconnects
         if previous is None or beat.reconnects == previous:
