@@ -16,9 +16,12 @@ predicted it), so it predicts token p + 2. Per step, after the target sampled:
    pre-norm, MTP: normed, as vLLM) in place of the target's, yielding the next draft.
 
 The head's KV is a paged cache of its one layer indexed by the target's block ids plus a
-few scratch blocks per row, as a draft model's (draft_input_batch.py); its passes are built
+few scratch blocks per row, as a draft model's (draft_input_batch.py); the catch-up is built
 by prepare_step_batch over the row tokens shifted by one (DraftInputBatch.begin(shift=1)),
-so a draft lands right after the row's known tokens, where the verifier reads it. Positions
+so a draft lands right after the row's known tokens, where the verifier reads it. The
+chained passes are built at once after it (chain_passes.py) and feed each pass's argmax to
+the next on the device: the drafts reach the host once, at the end (12b measured the
+generic preparation and a host sync per pass at twice a pass's arithmetic). Positions
 the target skipped (a prefix-cache hit) keep whatever head KV their blocks hold, as in
 vLLM: that costs acceptance, never correctness (the verifier decides every token).
 
@@ -44,6 +47,7 @@ from services.worker.runner.config import RunnerConfig, RunnerInfo
 from services.worker.runner.input_batch import InputBatch, concat_ranges
 from services.worker.runner.model_loader import attention_backend, kv_cache_spec
 from services.worker.runner.step_batch import StepBatch
+from services.worker.spec_decode.chain_passes import chain_passes
 from services.worker.spec_decode.draft_input_batch import DraftInputBatch
 from services.worker.spec_decode.draft_model_proposer import draft_model_config
 from services.worker.spec_decode.eagle3_head import Eagle3Head
@@ -106,9 +110,6 @@ class EagleProposer(Proposer):
             config, info, kv_cache_spec(head_runner_config, head_config),
             self.num_speculative_tokens, device)
         self.head.bind_kv_caches(kv_caches)
-        # Each drafting row's last state: the next pass's hidden input.
-        self._carry = torch.zeros(config.max_num_seqs, head_config.hidden_size,
-                                  dtype=config.torch_dtype, device=device)
         self._step: StepBatch | None = None
         log.info("draft head ready", method=spec.method, head=head_dir.name,
                  aux_layers=self.head.aux_layer_ids,
@@ -131,17 +132,14 @@ class EagleProposer(Proposer):
         passes, normed, carry = caught_up
         # NOTE: a decode whose sample waits for its grammar kept no position: no drafts yet.
         num_drafts[~np.isin(rows, passes.rows)] = 0
-        drafting = rows[num_drafts > 0]
-        if len(drafting):
+        # Most drafts first: each chained pass runs a prefix of the rows.
+        order = np.argsort(-num_drafts, kind="stable")
+        order = order[num_drafts[order] > 0]
+        if len(order):
             last_of_row = np.zeros(batch.max_num_reqs, dtype=np.int64)
             last_of_row[passes.rows] = passes.attn.query_start_loc_cpu[1:] - 1
-            self._append(drafting, normed, carry, self._tensor(last_of_row[drafting]))
-        # A row's tokens as the head counts them (shifted by one) once all its drafts are in.
-        goal = np.zeros(batch.max_num_reqs, dtype=np.int64)
-        goal[drafting] = batch.num_tokens[drafting] - 1 + num_drafts[num_drafts > 0]
-        pending, draft_batch = drafting, self.draft_batch
-        while len(pending := pending[draft_batch.num_tokens[pending] < goal[pending]]):
-            self._draft_on(pending)
+            index = self._tensor(last_of_row[rows[order]])
+            self._draft_chain(rows[order], num_drafts[order], normed[index], carry[index])
         batch.num_draft_tokens[rows] = num_drafts
         return num_drafts
 
@@ -171,24 +169,27 @@ class EagleProposer(Proposer):
         draft_batch.num_computed_tokens[passes.rows] = passes.seq_lens
         return passes, normed, carry
 
-    def _draft_on(self, rows: np.ndarray) -> None:
-        """One pass running each row's last draft with its carried state: the next draft."""
-        passes = self.draft_batch.prepare(rows, np.ones(len(rows), dtype=np.int32),
-                                          self.device)
-        assert passes is not None
-        hidden = self._carry[self._tensor(passes.rows)]
-        normed, carry = self.head.forward(passes.input_ids, passes.positions, hidden,
-                                          self.attn.build_metadata(passes.attn))
-        self.draft_batch.num_computed_tokens[passes.rows] = passes.seq_lens
-        self._append(passes.rows, normed, carry, None)
-
-    def _append(self, rows: np.ndarray, normed: torch.Tensor, carry: torch.Tensor,
-                index: torch.Tensor | None) -> None:
-        """Drafts from the states at `index` (all: None) as the next tokens of `rows`."""
-        if index is not None:
-            normed, carry = normed[index], carry[index]
-        self._carry[self._tensor(rows)] = carry
-        self.draft_batch.append(rows, self.head.greedy_tokens(normed).cpu().numpy())
+    def _draft_chain(self, rows: np.ndarray, num_drafts: np.ndarray, normed: torch.Tensor,
+                     carry: torch.Tensor) -> None:
+        """Drafts num_drafts tokens (non-increasing) after each of `rows` from the catch-up's
+        states at their last positions: the first from those, each next from a one-token
+        pass running the last draft with its carried state."""
+        draft_batch, head = self.draft_batch, self.head
+        tokens = head.greedy_tokens(normed)
+        drafts = tokens.new_zeros(len(rows), int(num_drafts[0]))
+        drafts[:, 0] = tokens
+        passes = (chain_passes(draft_batch, rows, num_drafts - 1, self.device)
+                  if num_drafts[0] > 1 else [])
+        for j, chained in enumerate(passes, start=1):
+            n = chained.num_rows
+            normed, carry = head.forward(tokens[:n], chained.positions, carry[:n],
+                                         self.attn.build_metadata(chained.attn))
+            tokens = drafts[:n, j] = head.greedy_tokens(normed)
+        drafts_cpu = drafts.cpu().numpy()   # the proposal's one host sync
+        for j in range(int(num_drafts[0])):
+            drafting = num_drafts > j
+            draft_batch.append(rows[drafting], drafts_cpu[drafting, j])
+        draft_batch.num_computed_tokens[rows] += num_drafts - 1
 
     def _tensor(self, indices: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.asarray(indices, dtype=np.int64)).to(self.device)
